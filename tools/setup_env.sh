@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Make .venv/ with everything the course needs. Safe to re-run: it does nothing when
+# .venv is already up to date with requirements.txt and pyproject.toml.
+#
+# torch is chosen before anything else can pull it in:
+#   - a Python that already has a CUDA-enabled torch keeps it (the venv sees its packages);
+#   - otherwise torch==$NANOSERVE_TORCH_VERSION is installed, from $NANOSERVE_TORCH_INDEX when set
+#     (e.g. PyTorch's CPU wheel index on a laptop, so pip does not fetch a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.nanoserve-installed"
+TORCH_VERSION="${NANOSERVE_TORCH_VERSION:-2.13.0}"
+
+if [[ -f "$STAMP" && "$STAMP" -nt requirements.txt && "$STAMP" -nt pyproject.toml ]]; then
+  exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  if "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "setup: keeping the CUDA torch of $PYTHON (venv with --system-site-packages)"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION"
+  if [[ -n "${NANOSERVE_TORCH_INDEX:-}" ]]; then
+    "${PIP[@]}" install "torch==$TORCH_VERSION" --index-url "$NANOSERVE_TORCH_INDEX"
+  else
+    "${PIP[@]}" install "torch==$TORCH_VERSION"
+  fi
+fi
+
+echo "setup: installing requirements.txt"
+"${PIP[@]}" install -r requirements.txt
+"${PIP[@]}" install --no-deps -e .
+"$VENV/bin/python" -c "import torch, nanoserve; print('setup: torch', torch.__version__, '| cuda', torch.cuda.is_available())"
+touch "$STAMP"
