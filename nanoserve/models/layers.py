@@ -1,0 +1,133 @@
+"""The parts of a Llama-family decoder: RMSNorm, rotary embeddings, attention, the SwiGLU MLP.
+
+Each part computes exactly what transformers computes, in the same order and precision
+(norms in fp32, rotary tables in fp32), so logits match to rounding.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoserve.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 whatever the input dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotation speed of each pair of dimensions (radians per position), with rope scaling applied."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        # Llama 3.1: slow (long-wavelength) pairs are stretched by `factor`, fast ones kept, the band between blended.
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_ctx = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        stretched = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        blended = (1 - smooth) * stretched / factor + smooth * stretched
+        in_band = ~(wavelen < old_ctx / high) & ~(wavelen > old_ctx / low)
+        inv_freq = torch.where(in_band, blended, stretched)
+    return inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin tables for given positions; the rotation is applied by `apply_rotary`."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self._inv_freq: torch.Tensor | None = None  # made on first use, on the positions' device
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = rope_inv_freq(self.cfg).to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq    # [..., head_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                   # [..., head_dim]
+        return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, T, heads, head_dim] by cos/sin [B, T, head_dim] (the "rotate half" layout)."""
+    cos, sin = cos.to(x.dtype).unsqueeze(2), sin.to(x.dtype).unsqueeze(2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def causal_attention(q, k, v, sliding_window: int | None = None) -> torch.Tensor:
+    """Attention without a cache: q [B, T, heads, d], k/v [B, T, kv_heads, d] -> [B, T, heads, d]."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if sliding_window is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        T = q.shape[2]
+        i = torch.arange(T, device=q.device)
+        dist = i[:, None] - i[None, :]
+        mask = (dist >= 0) & (dist < sliding_window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: `num_attention_heads` query heads share `num_key_value_heads` k/v heads."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.sliding_window = cfg.sliding_window
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is None:
+            out = causal_attention(q, k, v, self.sliding_window)
+        else:  # the cache stores this step's k/v and attends over everything the sequence has seen
+            out = kv_cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
