@@ -1,0 +1,149 @@
+"""The ceilings of real hardware: peak FLOP/s, memory bandwidth, memory size, interconnect.
+
+`HARDWARE` holds vendor datasheet numbers (dense, i.e. without 2:4 sparsity) for accelerators the
+course talks about. `measure_ceilings()` measures the two ceilings of the machine you are on and
+returns them as a row of the same kind, cached per machine under ~/.cache/nanoserve/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from nanoserve.perf.device import device as _device
+from nanoserve.perf.timing import timeit
+
+T, G = 1e12, 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One machine's ceilings. FLOP/s are dense peaks; bandwidths are bytes/s; sizes are bytes."""
+
+    name: str
+    bf16_flops: float | None     # peak dense bf16/fp16 matmul FLOP/s (tensor cores), None if unknown
+    fp32_flops: float            # peak fp32 FLOP/s without tensor cores / matrix units
+    mem_bw: float                # main-memory bandwidth, bytes/s
+    mem_bytes: float             # main-memory capacity, bytes
+    interconnect: str            # how several of them talk to each other
+    interconnect_bw: float | None  # bytes/s per device, as the vendor quotes it (often both directions)
+    source: str                  # where the numbers come from
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Peak FLOP/s for `dtype` ("bf16", "fp16" or "fp32")."""
+        if dtype in ("bf16", "fp16", "bfloat16", "float16"):
+            if self.bf16_flops is None:
+                raise ValueError(f"{self.name!r} has no bf16/fp16 peak (not published or not measured); use dtype='fp32'")
+            return self.bf16_flops
+        if dtype in ("fp32", "float32"):
+            return self.fp32_flops
+        raise ValueError(f"dtype {dtype!r} is not known: expected 'bf16', 'fp16' or 'fp32'")
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """FLOP per byte at which compute time equals memory time: below it a kernel is memory bound."""
+        return self.peak_flops(dtype) / self.mem_bw
+
+
+HARDWARE: dict[str, Hardware] = {h.name: h for h in [
+    Hardware("H100 SXM", 989.4 * T, 66.9 * T, 3.35e12, 80e9, "NVLink 4 (18 links)", 900 * G,
+             "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/ "
+             "(BF16 1,979 TFLOPS is with sparsity; dense is half)"),
+    Hardware("H200 SXM", 989.4 * T, 66.9 * T, 4.8e12, 141e9, "NVLink 4 (18 links)", 900 * G,
+             "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/ "
+             "(same GH100 compute as H100 SXM; BF16 1,979 TFLOPS is with sparsity)"),
+    Hardware("A100 80GB SXM", 312 * T, 19.5 * T, 2.039e12, 80e9, "NVLink 3 (12 links)", 600 * G,
+             "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/"),
+    Hardware("L4", 121 * T, 30.3 * T, 300e9, 24e9, "PCIe Gen4 x16 (no NVLink)", 64 * G,
+             "NVIDIA L4 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/l4/ "
+             "(BF16 242 TFLOPS is with sparsity)"),
+    Hardware("RTX 4090", 165.2 * T, 82.6 * T, 1008e9, 24e9, "PCIe Gen4 x16 (no NVLink)", 64 * G,
+             "NVIDIA Ada Lovelace GPU Architecture whitepaper, appendix A "
+             "(BF16/FP16 tensor with FP32 accumulate; 330 TFLOPS is FP16 accumulate)"),
+    Hardware("MI300X", 1307.4 * T, 81.7 * T, 5.3e12, 192e9, "AMD Infinity Fabric (7 links)", 896 * G,
+             "AMD Instinct MI300X data sheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
+             "(fp32 is vector; matrix fp32 is 163.4 TFLOPS)"),
+    Hardware("DGX Spark", 125 * T, 31 * T, 273e9, 128e9, "ConnectX-7 200 GbE (two units)", 25 * G,
+             "NVIDIA DGX Spark product page, https://www.nvidia.com/en-us/products/workstations/dgx-spark/ "
+             "(1 PFLOP FP4 with sparsity; bf16 dense derived as 1/8 of that, not published; "
+             "fp32 ~31 TFLOPS from NVIDIA's Hot Chips 2025 GB10 talk; 128 GB LPDDR5x shared by CPU and GPU)"),
+]}
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "nanoserve" / "ceilings.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _machine_key(dev: torch.device) -> str:
+    what = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} threads"
+    return f"{socket.gethostname()} | {_cpu_model()} | torch {torch.__version__} | {dev.type}: {what}"
+
+
+def _matmul_flops(n: int, dtype: torch.dtype, dev: torch.device) -> float:
+    """Best FLOP/s of an n x n x n matmul (2*n^3 FLOPs per run)."""
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    out = torch.empty(n, n, device=dev, dtype=dtype)
+    t = timeit(torch.matmul, a, b, out=out, warmup=1, repeat=5, device=dev)
+    return 2 * n**3 / t.min_s
+
+
+def _copy_bw(nbytes: int, dev: torch.device) -> float:
+    """Best bytes/s of copying a buffer of `nbytes`, counting the read and the write."""
+    src = torch.ones(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    t = timeit(dst.copy_, src, warmup=2, repeat=7, device=dev)
+    return 2 * src.numel() * 4 / t.min_s
+
+
+def measure_ceilings(force: bool = False, device: str | torch.device | None = None) -> Hardware:
+    """Measure this machine's fp32 matmul FLOP/s and memory copy bytes/s; return them as a `Hardware` row.
+
+    The best of a few runs is kept (a ceiling is what the machine can reach, not what it usually does).
+    Results are cached per (host, CPU model, torch version, device) in ~/.cache/nanoserve/ceilings.json;
+    `force=True` measures again. Takes a few seconds on a 2-core CPU.
+    """
+    dev = _device(device)
+    key, path = _machine_key(dev), _cache_path()
+    cache = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}  # a corrupt cache is just re-measured
+    if key in cache and not force:
+        return Hardware(**cache[key])
+    torch.manual_seed(0)
+    on_gpu = dev.type == "cuda"
+    fp32 = _matmul_flops(8192 if on_gpu else 1024, torch.float32, dev)
+    bf16 = _matmul_flops(8192, torch.bfloat16, dev) if on_gpu else None
+    bw = _copy_bw((1 << 30) if on_gpu else (256 << 20), dev)
+    if on_gpu:
+        props = torch.cuda.get_device_properties(dev)
+        name, mem = f"this machine ({props.name})", float(props.total_memory)
+    else:
+        name, mem = f"this machine ({dev.type})", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    row = Hardware(name, bf16, fp32, bw, mem, "n/a (measured)", None,
+                   f"measured by nanoserve.perf.measure_ceilings on {key}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache[key] = asdict(row)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(path)
+    return row
