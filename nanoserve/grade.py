@@ -1,0 +1,170 @@
+"""Grade a learner's lab notebook: run it top to bottom and print every check as pass or fail.
+
+    python -m nanoserve.grade labs/lab03_data_pipeline.ipynb [--timeout 120] [--save executed.ipynb]
+
+The notebook runs in a fresh kernel of this Python environment (the one that has nanoserve), in the
+notebook's own folder, with errors allowed so that one broken cell does not hide the later checks.
+Stored outputs are discarded first: only what this run prints counts.
+
+What is counted:
+  - every `PASS name: detail` / `FAIL name: detail` line that `nanoserve.grading.check` printed;
+  - an error in a TODO cell (tagged `raises-exception` by tools/make_labs.py) is a failed check,
+    "not implemented" when it is the stub's NotImplementedError;
+  - an error in any other cell is a failed check too (a lab must run to the end).
+Exit status: 0 when at least one check ran and none failed, 1 otherwise, 2 when the notebook
+cannot be read.
+
+This is a classroom convenience, not a proctor: a learner who edits the check cells can print PASS.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from nanoserve.grading import CheckResult, parse_line
+
+TODO_TAG = "raises-exception"   # the tag tools/make_labs.py puts on every cell with a stub
+CURRENT_ENV_KERNEL = "nanoserve-current-env"
+
+
+def current_env_kernel_manager():
+    """A kernel manager that starts an IPython kernel with this very interpreter (sys.executable).
+
+    The notebook's stored kernelspec names whatever kernel its author had; grading and the lab
+    tests must run in the environment that has nanoserve installed, whatever Jupyter thinks "python3" is.
+    """
+    import ipykernel.kernelspec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    class _CurrentEnvSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            if kernel_name == CURRENT_ENV_KERNEL:
+                return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
+                                              **ipykernel.kernelspec.get_kernel_dict())
+            return super().get_kernel_spec(kernel_name)
+
+    return AsyncKernelManager(kernel_name=CURRENT_ENV_KERNEL, kernel_spec_manager=_CurrentEnvSpecs())
+
+
+def notebook_client(nb, path: Path, timeout: float):
+    """An nbclient client for `nb` (read from `path`) that runs in the current env, in `path`'s folder,
+    with a per-cell `timeout` in seconds and errors recorded instead of raised."""
+    from nbclient import NotebookClient
+
+    return NotebookClient(nb, km=current_env_kernel_manager(), timeout=int(timeout), allow_errors=True,
+                          interrupt_on_timeout=True, record_timing=False,
+                          resources={"metadata": {"path": str(path.parent)}})
+
+
+def is_todo_cell(cell) -> bool:
+    return cell.cell_type == "code" and TODO_TAG in cell.metadata.get("tags", [])
+
+
+def cell_error(cell) -> dict | None:
+    """The first error output of an executed code cell, or None."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return out
+    return None
+
+
+@dataclass
+class Report:
+    """The outcome of grading one notebook."""
+
+    path: Path
+    checks: list[CheckResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and not self.failed
+
+
+def _checks_in_cell(index: int, cell) -> list[CheckResult]:
+    found = []
+    text = "".join(out.get("text", "") for out in cell.get("outputs", [])
+                   if out.get("output_type") == "stream" and out.get("name") == "stdout")
+    for line in text.splitlines():
+        result = parse_line(line)
+        if result is not None:
+            found.append(result)
+    err = cell_error(cell)
+    if err is not None:
+        what = f"{err.get('ename', 'Error')}: {err.get('evalue', '')}".strip()
+        if is_todo_cell(cell):
+            status = "not implemented" if err.get("ename") == "NotImplementedError" else "error"
+            found.append(CheckResult(f"cell {index} (TODO)", False, f"{status}: {what}"))
+        else:
+            found.append(CheckResult(f"cell {index}", False, f"error: {what}"))
+    return found
+
+
+def grade(path: str | Path, timeout: float = 120.0, save: str | Path | None = None) -> Report:
+    """Execute the notebook at `path` and collect its checks (cells numbered from 0, all cell types)."""
+    path = Path(path).resolve()
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    report = Report(path)
+    start = time.perf_counter()
+    try:
+        notebook_client(nb, path, timeout).execute()
+        aborted = None
+    except Exception as exc:  # the kernel died or could not be interrupted: grade what ran
+        aborted = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    report.seconds = time.perf_counter() - start
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            report.checks.extend(_checks_in_cell(index, cell))
+    if aborted is not None:
+        report.checks.append(CheckResult("run", False, f"the notebook did not run to the end: {aborted}"))
+    if save is not None:
+        nbformat.write(nb, str(save))
+    return report
+
+
+def format_report(report: Report) -> str:
+    rows = [("result", "check", "detail")] + [
+        ("PASS" if c.passed else "FAIL", c.name, c.detail) for c in report.checks]
+    width = max(len(r[1]) for r in rows)
+    lines = [f"grading {report.path.name} ({report.seconds:.1f} s)"]
+    lines += [f"  {res:<6} {name:<{width}}  {detail}" for res, name, detail in rows]
+    n_fail = len(report.failed)
+    if not report.checks:
+        lines.append("no checks ran: this notebook has no grading.check calls, or they never printed")
+    else:
+        lines.append(f"{len(report.checks) - n_fail} passed, {n_fail} failed")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nanoserve.grade", description=__doc__.split("\n")[0])
+    parser.add_argument("notebook", help="the learner's lab notebook (.ipynb)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per cell (default 120)")
+    parser.add_argument("--save", metavar="PATH", help="also write the executed notebook here")
+    args = parser.parse_args(argv)
+    if not Path(args.notebook).is_file():
+        parser.error(f"notebook {args.notebook!r} does not exist")
+    try:
+        report = grade(args.notebook, timeout=args.timeout, save=args.save)
+    except (nbformat.reader.NotJSONError, nbformat.ValidationError, ValueError) as exc:
+        print(f"grade: cannot read {args.notebook}: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Checks inside lab notebooks, printed as PASS/FAIL lines that the classroom grader collects.
+
+    from nanoserve import grading
+    grading.check("speedup", after_s < before_s / 2, f"{before_s:.3f} s -> {after_s:.3f} s")
+    grading.check_diagnosis(diagnosis, measured)     # the Diagnose step of every lab
+
+A check never raises: a failed check prints a FAIL line and the notebook runs on, so one run of
+`python -m nanoserve.grade notebook.ipynb` reports every check of a lab, not just the first failure.
+Each check prints exactly one line, `PASS <name>: <detail>` or `FAIL <name>: <detail>`; the grader
+reads those lines back from the executed notebook's outputs (see `parse_line`).
+
+Put numbers in `detail` with their units ("0.051 s", "12.3 tokens/s"): the course's nbval sanitizer
+hides such values when it compares a solution notebook's outputs, so a PASS line stays comparable
+across machines while the learner still sees their own numbers.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+# `PASS name: detail`; the name is everything up to the first ": " (names have no colon).
+_LINE = re.compile(r"^(PASS|FAIL) ([^:\n]+): ?(.*)$")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: its name, whether it passed, and the evidence (with units) it was judged on."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'} {self.name}: {self.detail}"
+
+
+results: list[CheckResult] = []  # every check made in this process (this kernel), in order
+
+
+def check(name: str, passed: bool, detail: str = "") -> None:
+    """Record and print one check as `PASS name: detail` or `FAIL name: detail`.
+
+    `name` is a short identifier (no colon or newline); `detail` is one line of evidence. Nothing is
+    returned, so a check as a cell's last line echoes nothing; `results[-1].passed` has the verdict.
+    """
+    name = str(name).strip()
+    if not name or ":" in name or "\n" in name:
+        raise ValueError(f"check name {name!r} must be non-empty, one line, and contain no ':'")
+    result = CheckResult(name, bool(passed), " ".join(str(detail).split()))
+    results.append(result)
+    print(result.line(), flush=True)
+
+
+def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: str = "diagnosis",
+                    rtol: float = 0.25) -> None:
+    """Check a diagnosis written as data against the learner's own measurement.
+
+    `measured` maps each category to the seconds spent in it (e.g. `{"data": 0.21, "compute": 0.01}`,
+    or `perf.profile(...).breakdown()`). `diagnosis` must be a dict with
+      - "bound": the category that dominates, i.e. the largest entry of `measured`, and
+      - "evidence_s": the seconds quoted for it, within `rtol` (relative) of `measured[bound]`.
+    A malformed diagnosis is a FAIL with the reason, not an exception.
+    """
+    if not measured:
+        check(name, False, "the measurement is empty: measure before diagnosing")
+        return
+    largest = max(measured, key=lambda k: measured[k])
+    table = ", ".join(f"{k} {float(v):.4f} s" for k, v in measured.items())
+    if not isinstance(diagnosis, Mapping) or "bound" not in diagnosis or "evidence_s" not in diagnosis:
+        check(name, False, f"expected a dict with keys 'bound' and 'evidence_s', got {diagnosis!r}")
+        return
+    bound, evidence = diagnosis["bound"], diagnosis["evidence_s"]
+    if bound not in measured:
+        check(name, False, f"bound {bound!r} is not a measured category ({', '.join(map(str, measured))})")
+        return
+    if not isinstance(evidence, (int, float)) or isinstance(evidence, bool) or not math.isfinite(evidence):
+        check(name, False, f"evidence_s must be a number of seconds, got {evidence!r}")
+        return
+    if bound != largest:
+        check(name, False, f"bound={bound} but the measurement says {largest} dominates ({table})")
+        return
+    actual = float(measured[bound])
+    if abs(evidence - actual) > rtol * abs(actual):
+        check(name, False, f"evidence_s {evidence:.4f} s does not match the measured {bound} "
+                    f"time {actual:.4f} s (tolerance {rtol:.0%})")
+        return
+    check(name, True, f"bound={bound}, evidence {evidence:.4f} s ({table})")
+
+
+def parse_line(line: str) -> CheckResult | None:
+    """The check printed on `line`, or None if the line is not a check line."""
+    m = _LINE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    return CheckResult(m.group(2).strip(), m.group(1) == "PASS", m.group(3).strip())
+
+
+def reset() -> None:
+    """Forget the checks recorded so far (e.g. when re-running a lab from the top)."""
+    results.clear()

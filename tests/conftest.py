@@ -1,0 +1,92 @@
+"""Test-session setup shared by the engine tests and the notebook tests (nbval).
+
+- nbval compares stdout, text/plain and the other text outputs; here it is told to skip stderr
+  (warnings, progress bars) and rich HTML/SVG renderings (DataFrames, plots), as DESIGN.md asks.
+- After the run, each notebook's total time is printed, and notebooks over the 90 s budget are flagged.
+- Tests marked `gpu` are skipped when torch sees no CUDA device.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+# The fixture lab pair (tests/fixtures/) exercises tools/make_labs.py, the lab test and the grader
+# before any real lab exists. Its solution notebook is collected by nbval like any solution, once,
+# through testpaths (`pytest tests/fixtures/solutions/lab00_example.ipynb` runs it alone). The
+# generated fixture lab is not: like labs/, it stops at its TODO stubs and has no outputs to compare;
+# tests/test_labs.py runs it.
+collect_ignore_glob = ["fixtures/labs/*"]
+
+# Output keys nbval must not compare (on top of its own list: metadata, traceback, execution_count,
+# images, ...). nbval turns each stream output into {"output_type": "stream", <name>: text}, so a
+# stream's name is its key: "stderr" drops stderr whether a run has it or not.
+NBVAL_SKIP_COMPARE = ("stderr", "text/html", "image/svg+xml")
+
+NOTEBOOK_BUDGET_S = 90.0
+
+
+def _is_nbval_cell(item: pytest.Item) -> bool:
+    return type(item).__name__ == "IPyNbCell" and type(item).__module__.startswith("nbval")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_cuda = [item for item in items if item.get_closest_marker("gpu")]
+    if needs_cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA device; torch sees none")
+            for item in needs_cuda:
+                item.add_marker(skip)
+
+    for item in items:
+        if not _is_nbval_cell(item):
+            continue
+        notebook = item.parent
+        current = getattr(notebook, "skip_compare", None)
+        if not isinstance(current, tuple):
+            # nbval keeps the keys it does not compare in IPyNbFile.skip_compare (0.9 to 0.11).
+            # If that changes, fail loudly rather than silently comparing stderr again.
+            raise pytest.UsageError(
+                f"nbval {_nbval_version()}: IPyNbFile.skip_compare is {current!r}, expected a tuple; "
+                "tests/conftest.py cannot turn off stderr/HTML comparison with this version")
+        missing = tuple(k for k in NBVAL_SKIP_COMPARE if k not in current)
+        if missing:
+            notebook.skip_compare = current + missing
+
+
+def _nbval_version() -> str:
+    try:
+        import nbval
+
+        return nbval.__version__
+    except Exception:  # pragma: no cover - only for the error message
+        return "(unknown version)"
+
+
+# --- per-notebook run time --------------------------------------------------------------------
+# Each nbval cell is one test; the kernel starts in the first cell's setup and stops in the last
+# cell's teardown, so summing every phase of every cell gives the notebook's full run time.
+_notebook_seconds: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):
+        _notebook_seconds[path] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _notebook_seconds:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "notebook run times (all cells, kernel start included)")
+    over = 0
+    for path, seconds in sorted(_notebook_seconds.items(), key=lambda kv: -kv[1]):
+        flag = ""
+        if seconds > NOTEBOOK_BUDGET_S:
+            flag, over = f"  OVER the {NOTEBOOK_BUDGET_S:.0f} s budget", over + 1
+        tr.write_line(f"{seconds:8.1f} s  {path}{flag}", red=bool(flag))
+    total = sum(_notebook_seconds.values())
+    tr.write_line(f"{total:8.1f} s  total, {len(_notebook_seconds)} notebooks, {over} over budget")
