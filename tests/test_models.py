@@ -70,7 +70,8 @@ def test_logits_match_transformers_bf16(name, tmp_path):
 def test_greedy_continuation_matches_transformers(name, tmp_path):
     ref, model = build_pair(CONFIGS[name], tmp_path)
     prompt = torch.randint(0, CONFIGS[name].vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
-    expected = ref.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 7:].tolist()
+    expected = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+                            pad_token_id=0)[0, 7:].tolist()
     ids = prompt
     with torch.no_grad():
         for _ in range(12):  # the naive loop: recompute the whole sequence each token

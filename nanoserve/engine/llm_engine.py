@@ -1,0 +1,95 @@
+"""Chapter 03: the engine loop. add_request -> step (schedule -> run -> update) until nothing is left."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.engine.model_runner import ModelRunner
+from nanoserve.engine.scheduler import Scheduler
+from nanoserve.engine.sequence import Sequence
+from nanoserve.kv_cache import KVCache
+from nanoserve.models import CausalLM
+from nanoserve.sampling import SamplingParams
+from nanoserve.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 32               # sequences running at once (= KV cache slots)
+    max_num_batched_tokens: int = 2048   # tokens per step, prefill chunks and decodes together
+    max_model_len: int = 1024            # prompt + output tokens of one sequence
+    seed: int = 0
+    scheduling: str = "continuous"       # or "static", the baseline chapter 03 measures against
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} = {value!r}: expected an int >= 1")
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer | None, config: EngineConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        param = next(model.parameters())
+        self.device = param.device
+        self.kv_cache = KVCache(model.config, config.max_num_seqs, config.max_model_len, param.device, param.dtype)
+        eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, eos,
+                                   config.scheduling)
+        self.runner = ModelRunner(model, self.kv_cache, config.seed)
+        self._ids = itertools.count()
+        self.stats = dict(steps=0, prefill_tokens=0, decode_tokens=0, finished=0)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Validate and queue one request; a bad one raises here and touches nothing else."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text = None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; this engine has none: pass token ids")
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            vocab = self.model.config.vocab_size
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:3]!r}")
+        if not ids:
+            raise ValueError("prompt is empty: a request needs at least one token")
+        if len(ids) >= self.config.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.config.max_model_len} "
+                             f"(prompt plus at least one new token)")
+        seq = Sequence(next(self._ids), ids, params, text, self.device)
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self) -> list[Sequence]:
+        """One iteration: schedule a batch, run it, record tokens. Returns the sequences that finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        decodes = sum(n for s, n in batch if s.num_cached_tokens >= s.num_prompt_tokens)  # one token each
+        new_tokens = self.runner.run(batch)
+        finished = self.scheduler.update(batch, new_tokens, time.perf_counter())
+        self.stats["steps"] += 1
+        self.stats["decode_tokens"] += decodes
+        self.stats["prefill_tokens"] += sum(n for _, n in batch) - decodes
+        self.stats["finished"] += len(finished)
+        return finished
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def metrics(self) -> dict:
+        s = self.scheduler
+        return dict(num_running=len(s.running), num_waiting=len(s.waiting), kv_slots_total=self.config.max_num_seqs,
+                    kv_slots_free=len(s.free_slots), kv_cache_bytes=self.kv_cache.nbytes, **self.stats)
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        """Drop requests (waiting or running), freeing their cache slots; others are untouched."""
+        self.scheduler.abort(seqs)

@@ -1,0 +1,49 @@
+"""Chapter 03: a request's life. waiting -> running -> finished, with its tokens and its place in the cache."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from nanoserve.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                 device: torch.device | str = "cpu"):
+        self.seq_id = seq_id
+        self.prompt = prompt
+        self.token_ids = list(prompt_token_ids)   # prompt, then each generated token
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_cached_tokens = 0                # tokens whose keys/values are in the KV cache
+        self.params = params
+        self.status = Status.WAITING
+        self.slot: int | None = None              # the KV cache row this sequence owns while running
+        self.finish_reason: str | None = None     # "stop" | "length"
+        self.generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self):
+        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={len(self.output_token_ids)}, cached={self.num_cached_tokens})")

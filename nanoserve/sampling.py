@@ -1,0 +1,90 @@
+"""Chapter 02: choosing the next token. Greedy, temperature, top-k, top-p, per-request seeds.
+
+`SamplingParams` mirrors vLLM's offline API. `sample()` handles a batch whose rows each have their
+own parameters: one vectorised pass for the shared work, a per-row random draw only where a request
+brought its own seed (so a seeded request gives the same tokens whatever else is in the batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0      # 0 = greedy
+    top_p: float = 1.0            # keep the smallest set of tokens whose probability reaches top_p
+    top_k: int = -1               # keep the k most likely tokens; -1 (or 0) = all
+    max_tokens: int = 16          # new tokens at most
+    ignore_eos: bool = False      # keep going past EOS (benchmarks use it for fixed output lengths)
+    stop_token_ids: list[int] | None = field(default=None)
+    seed: int | None = None       # same seed, same tokens
+
+    def __post_init__(self):
+        def bad(name, value, expected):
+            raise ValueError(f"SamplingParams.{name} = {value!r}: expected {expected}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            bad("top_p", self.top_p, "a number in (0, 1]")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            bad("top_k", self.top_k, "-1 or 0 (disabled) or a positive int")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad("max_tokens", self.max_tokens, "an int >= 1")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            bad("seed", self.seed, "an int or None")
+        if self.stop_token_ids is not None:
+            ids = list(self.stop_token_ids)
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")
+            self.stop_token_ids = ids
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k and top-p set. logits [B, V]; top_k, top_p [B]."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    k = torch.where(top_k > 0, top_k, logits.shape[-1])
+    drop = rank[None, :] >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    # drop a token when the tokens before it already reach top_p (the first token always stays)
+    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None] | None = None,
+           default_generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits [B, V] (fp32), row i drawn with params[i] (and generators[i] if given)."""
+    B = logits.shape[0]
+    if len(params) != B:
+        raise ValueError(f"sample: {B} rows of logits but {len(params)} SamplingParams")
+    greedy_tokens = logits.argmax(-1)
+    if all(p.greedy for p in params):
+        return greedy_tokens
+    dev = logits.device
+    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+    logits = logits / temp[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        logits = filter_logits(logits, torch.tensor([p.top_k for p in params], device=dev),
+                               torch.tensor([p.top_p for p in params], device=dev))
+    probs = logits.softmax(-1)
+    # Draw via the exponential race: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i.
+    noise = torch.empty_like(probs)
+    generators = generators or [None] * B
+    shared = [i for i in range(B) if generators[i] is None]
+    if shared:
+        noise[shared] = torch.empty(len(shared), probs.shape[1], device=dev).exponential_(generator=default_generator)
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i] = torch.empty(probs.shape[1], device=dev).exponential_(generator=g)
+    sampled = (probs / noise).argmax(-1)
+    is_greedy = torch.tensor([p.greedy for p in params], device=dev)
+    return torch.where(is_greedy, greedy_tokens, sampled)
