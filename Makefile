@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test labs bench clean
+.PHONY: setup lab test labs bench grade clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -20,3 +20,7 @@ bench: setup
 
 clean:
 	rm -rf .venv .pytest_cache
+
+# Grade a learner's lab: make grade NB=labs/lab03_data_pipeline.ipynb
+grade: setup
+	$(PY) -m nanoserve.grade $(NB)

@@ -1,0 +1,142 @@
+"""Offline throughput: nanoserve against transformers' batched `generate` on the same requests.
+
+A nano-vllm-style workload: N requests with random prompt and output lengths from stated ranges,
+ignore_eos (every request produces exactly its output length), fixed seed. Both engines run in one
+process, one after the other, and we report output tokens per second and the ratio.
+
+    python -m nanoserve bench [--num-requests 64] [--prompt-len 16 256] [--output-len 16 256]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+def make_workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int, seed: int = 0):
+    """(prompt token ids, output length) per request: lengths uniform in the closed ranges."""
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(n):
+        p = rng.randint(*prompt_len)
+        reqs.append(([rng.randrange(vocab) for _ in range(p)], rng.randint(*output_len)))
+    return reqs
+
+
+def run_nanoserve(model_path: str, reqs, max_num_seqs: int, dtype: str = "float32") -> dict:
+    from nanoserve import LLM, SamplingParams
+    llm = LLM(model_path, device="cpu", dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)
+    warm = reqs[:2]
+    llm.generate([p for p, _ in warm], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
+    t0 = time.perf_counter()
+    outs = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == sum(n for _, n in reqs), "every request must produce exactly its output length"
+    return dict(wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall, steps=llm.metrics()["steps"],
+                outputs=[o.outputs[0].token_ids for o in outs])
+
+
+def run_transformers(model_path: str, reqs, batch_size: int, dtype=torch.float32) -> dict:
+    """transformers' generate, batched: left-padded prompts, its KV cache, greedy, one call per batch.
+
+    A batch runs until its longest request is done (generate has one max_new_tokens per call);
+    only each request's own tokens count as output.
+    """
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+    pad = 0
+
+    def batch_generate(batch):
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max(n for _, n in batch),
+                             min_new_tokens=max(n for _, n in batch), do_sample=False, pad_token_id=pad,
+                             eos_token_id=None)
+        return [out[i, width:width + n].tolist() for i, (_, n) in enumerate(batch)]
+
+    with torch.inference_mode():
+        batch_generate(reqs[:2])  # warm-up
+        t0 = time.perf_counter()
+        outputs = []
+        for i in range(0, len(reqs), batch_size):
+            outputs += batch_generate(reqs[i:i + batch_size])
+        wall = time.perf_counter() - t0
+    tokens = sum(n for _, n in reqs)
+    computed = sum(max(n for _, n in reqs[i:i + batch_size]) * len(reqs[i:i + batch_size])
+                   for i in range(0, len(reqs), batch_size))
+    return dict(wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall, batch_size=batch_size,
+                decode_slots_computed=computed, outputs=outputs)
+
+
+def machine_info() -> dict:
+    import transformers
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), python=platform.python_version(),
+                torch=torch.__version__, transformers=transformers.__version__,
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def main(argv=None) -> dict:
+    from nanoserve import COURSE_MODEL, __version__
+    from nanoserve.models import ModelConfig
+    ap = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=COURSE_MODEL)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    ap.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[64, 16],
+                    help="transformers is run at each; the best is the peer's number")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
+    args = ap.parse_args(argv)
+
+    vocab = ModelConfig.from_path(args.model).vocab_size
+    reqs = make_workload(args.num_requests, args.prompt_len, args.output_len, vocab, args.seed)
+    print(f"workload: {len(reqs)} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
+          f"output {args.output_len[0]}-{args.output_len[1]} tokens, {sum(n for _, n in reqs)} output tokens")
+    ours = run_nanoserve(args.model, reqs, args.max_num_seqs)
+    print(f"nanoserve     : {ours['tokens_per_s']:8.1f} output tokens/s ({ours['wall_s']:.1f} s, {ours['steps']} steps)")
+    peers = []
+    for bs in args.hf_batch_sizes:
+        r = run_transformers(args.model, reqs, bs)
+        peers.append(r)
+        print(f"transformers  : {r['tokens_per_s']:8.1f} output tokens/s ({r['wall_s']:.1f} s, batch {bs})")
+    best = max(peers, key=lambda r: r["tokens_per_s"])
+    same = sum(a == b for a, b in zip(ours["outputs"], best["outputs"]))
+    ratio = ours["tokens_per_s"] / best["tokens_per_s"]
+    print(f"ratio nanoserve / transformers (best batch {best['batch_size']}): {ratio:.2f}x; "
+          f"identical greedy outputs: {same}/{len(reqs)}")
+    record = dict(
+        benchmark="offline", date=datetime.now(timezone.utc).isoformat(timespec="seconds"), nanoserve=__version__,
+        machine=machine_info(), model=str(args.model), workload=dict(
+            num_requests=len(reqs), prompt_len=list(args.prompt_len), output_len=list(args.output_len),
+            seed=args.seed, output_tokens=sum(n for _, n in reqs)),
+        nanoserve_result={k: v for k, v in ours.items() if k != "outputs"} | dict(max_num_seqs=args.max_num_seqs),
+        transformers_results=[{k: v for k, v in r.items() if k != "outputs"} for r in peers],
+        ratio=round(ratio, 3), identical_outputs=same)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        f = args.save / f"offline-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+        f.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"saved {f}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
