@@ -53,8 +53,9 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     k = torch.where(top_k > 0, top_k, logits.shape[-1])
     drop = rank[None, :] >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    # drop a token when the tokens before it already reach top_p (the first token always stays)
-    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    # drop a token when the tokens before it already reach top_p (the first token always stays).
+    # Rows with top_p == 1 keep everything: fp32 cumsum can round to 1.0 before the tail.
+    drop |= ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 

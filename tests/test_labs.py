@@ -6,7 +6,7 @@
   learner has not written yet) and are not judged. So: a lab author must put each stub before any use
   of names that earlier stubs would define, and the learner meets "TODO: ..." rather than a NameError.
 - `python -m nanoserve.grade` fails an unsolved lab and passes its solution.
-- tests/conftest.py and tests/nbval_sanitize.cfg: what nbval compares, and what it hides.
+- conftest.py (repo root) and tests/nbval_sanitize.cfg: what nbval compares, and what it hides.
 """
 from __future__ import annotations
 

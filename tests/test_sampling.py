@@ -45,6 +45,13 @@ def test_filter_keeps_top_k_and_nucleus():
                              [True, True, False, False]]   # top_p=0.7: 0.5 alone < 0.7, 0.5+0.3 reaches it
 
 
+def test_top_k_alone_keeps_k_tokens_even_when_one_dominates():
+    # top_p = 1 must keep the tail: an fp32 cumsum reaches 1.0 after the dominant token
+    x = torch.tensor([[20.0, 0, 0, 0, 0, 0]])
+    kept = filter_logits(x, torch.tensor([5]), torch.tensor([1.0])).isfinite()
+    assert kept.sum().item() == 5
+
+
 def test_sampling_matches_the_distribution():
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
     n = 20000

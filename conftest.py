@@ -1,4 +1,5 @@
-"""Test-session setup shared by the engine tests and the notebook tests (nbval).
+"""Test-session setup shared by the engine tests and the notebook tests (nbval). It sits at the repo
+root so that `pytest chapters/X.ipynb` run alone gets it too.
 
 - nbval compares stdout, text/plain and the other text outputs; here it is told to skip stderr
   (warnings, progress bars) and rich HTML/SVG renderings (DataFrames, plots), as DESIGN.md asks.
@@ -16,7 +17,7 @@ import pytest
 # through testpaths (`pytest tests/fixtures/solutions/lab00_example.ipynb` runs it alone). The
 # generated fixture lab is not: like labs/, it stops at its TODO stubs and has no outputs to compare;
 # tests/test_labs.py runs it.
-collect_ignore_glob = ["fixtures/labs/*"]
+collect_ignore_glob = ["tests/fixtures/labs/*"]
 
 # Output keys nbval must not compare (on top of its own list: metadata, traceback, execution_count,
 # images, ...). nbval turns each stream output into {"output_type": "stream", <name>: text}, so a
@@ -51,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # If that changes, fail loudly rather than silently comparing stderr again.
             raise pytest.UsageError(
                 f"nbval {_nbval_version()}: IPyNbFile.skip_compare is {current!r}, expected a tuple; "
-                "tests/conftest.py cannot turn off stderr/HTML comparison with this version")
+                "conftest.py cannot turn off stderr/HTML comparison with this version")
         missing = tuple(k for k in NBVAL_SKIP_COMPARE if k not in current)
         if missing:
             notebook.skip_compare = current + missing
