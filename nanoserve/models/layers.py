@@ -2,6 +2,10 @@
 
 Each part computes exactly what transformers computes, in the same order and precision
 (norms in fp32, rotary tables in fp32), so logits match to rounding.
+
+Chapter 05: when `nanoserve.kernels.backend()` is "triton" (by default on CUDA; NANOSERVE_KERNELS
+forces it), RMSNorm, the SwiGLU gate and the rotary embedding run as Triton kernels that round where
+the PyTorch code rounds. Otherwise the PyTorch code below runs, unchanged.
 """
 from __future__ import annotations
 
@@ -11,18 +15,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoserve import kernels
 from nanoserve.models.config import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 whatever the input dtype."""
+    """x / rms(x) * weight, computed in fp32 whatever the input dtype.
+
+    `norm(x, residual)` first adds the residual and returns (normed, x + residual): the fused form a
+    decoder layer can use so that the sum is read once (one Triton kernel on that backend).
+    """
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if kernels.use_triton(x):
+            if residual is None:
+                return kernels.norm.rms_norm(x, self.weight, self.eps)
+            return kernels.norm.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = residual = x + residual
+            return self._norm(x), residual
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -112,7 +131,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kernels.use_triton(q):  # rotates q and k in place, one kernel for both
+            kernels.rotary.rotary_embedding(q, k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv_cache is None:
             out = causal_attention(q, k, v, self.sliding_window)
         else:  # the cache stores this step's k/v and attends over everything the sequence has seen
@@ -130,4 +152,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if kernels.use_triton(gate):  # one pass instead of silu's write and read-back
+            return self.down_proj(kernels.activation.silu_and_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
