@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from nanoserve import models, tokenizer as tokenizer_mod
 from nanoserve.engine import EngineConfig, LLMEngine, Sequence
+from nanoserve.paged_kv_cache import PagedKVCache
 from nanoserve.perf import device as resolve_device
 from nanoserve.sampling import SamplingParams
 
@@ -17,7 +18,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None      # "stop" | "length"
+    finish_reason: str | None      # "stop" | "length" | "error" (see RequestOutput.error)
 
 
 @dataclass
@@ -28,6 +29,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     metrics: dict = field(default_factory=dict)   # arrival, first token and finish times (s, perf_counter)
+    error: str | None = None                      # why this request failed (the others still ran)
 
 
 class LLM:
@@ -36,12 +38,18 @@ class LLM:
     model: None (the shipped course model) or a Hugging Face-format directory.
     device: "auto" | "cpu" | "cuda"; dtype: "auto" | "float32" | "bfloat16" | "float16" | torch.dtype.
     max_num_seqs: sequences decoded together; max_num_batched_tokens: tokens per step;
-    max_model_len: prompt + output tokens per sequence (default: the model's, capped at 2048).
+    max_model_len: prompt + output tokens per sequence (default: the model's, capped at 2048 and at the pool).
+    block_size: token positions per KV block; num_kv_blocks: the pool, or None to size it from memory
+    (`kv_pool_size`); enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
+    kv_cache_memory: bytes for the pool on a CPU (default: enough for max_num_seqs full-length sequences,
+    at most 1 GiB); gpu_memory_utilization: fraction of free GPU memory (after the weights) for the pool.
     scheduling: "continuous" (default) or "static", the baseline chapter 03 compares against.
     """
 
     def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, seed: int = 0,
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
+                 kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
                  scheduling: str = "continuous"):
         from nanoserve import COURSE_MODEL
         path = COURSE_MODEL if model is None else model
@@ -49,15 +57,24 @@ class LLM:
         self.model = models.load(path, device=dev, dtype=dtype)
         self.tokenizer = tokenizer_mod.load(path)
         cfg = self.model.config
-        if max_model_len is None:
-            max_model_len = min(cfg.max_position_embeddings, 2048)
-        elif max_model_len > cfg.max_position_embeddings:
+        if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len = {max_model_len} exceeds the model's max_position_embeddings "
                              f"({cfg.max_position_embeddings})")
+        EngineConfig.check_positive(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                    block_size=block_size)
+        wanted_len = max_model_len or min(cfg.max_position_embeddings, 2048)
+        if num_kv_blocks is None:
+            num_kv_blocks, self.kv_pool_source = kv_pool_size(self.model, block_size, max_num_seqs, wanted_len,
+                                                              kv_cache_memory, gpu_memory_utilization)
+        else:
+            self.kv_pool_source = "num_kv_blocks"
+        if max_model_len is None:   # by default a sequence may grow as long as the pool (or the model) allows
+            max_model_len = min(wanted_len, num_kv_blocks * block_size)
         torch.manual_seed(seed)
         self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len, seed=seed, scheduling=scheduling))
+            max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling))
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -76,29 +93,25 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        # validate everything before queueing anything: a bad prompt fails the call, not half a batch
+        # a malformed call (wrong types) fails as a whole, before anything is queued
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if not isinstance(p, (str, list, tuple)):
                 raise TypeError(f"prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
-        seqs, queued = [], []
-        try:
-            for i, (p, sp) in enumerate(zip(prompts, params)):
-                try:
-                    seq = self.engine.add_request(p, sp)
-                except ValueError as e:
-                    raise ValueError(f"prompts[{i}]: {e}") from None
-                queued.append(seq)
-            seqs = queued
-        except Exception:
-            self.engine.abort(queued)
-            raise
+        # a bad request (empty, too long, unknown token ids) fails alone: its output carries the error
+        results: list[Sequence | RequestOutput] = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            try:
+                results.append(self.engine.add_request(p, sp))
+            except ValueError as e:
+                results.append(self._error_output(p, f"prompts[{i}]: {e}"))
+        seqs = [r for r in results if isinstance(r, Sequence)]
         bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm, unit="req")
         while any(not s.is_finished for s in seqs):
             bar.update(len(self.engine.step()))
         bar.close()
-        return [self._output(s) for s in seqs]
+        return [self._output(r) if isinstance(r, Sequence) else r for r in results]
 
     def _output(self, seq: Sequence) -> RequestOutput:
         out = seq.output_token_ids
@@ -106,8 +119,42 @@ class LLM:
             request_id=seq.seq_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
             outputs=[CompletionOutput(0, self.tokenizer.decode(out), out, seq.finish_reason)],
             metrics=dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
-                         finish_time=seq.finish_time))
+                         finish_time=seq.finish_time, num_preemptions=seq.num_preemptions))
+
+    def _error_output(self, prompt, message: str) -> RequestOutput:
+        text = prompt if isinstance(prompt, str) else None
+        ids = [] if isinstance(prompt, str) else list(prompt)
+        return RequestOutput(request_id=-1, prompt=text, prompt_token_ids=ids,
+                             outputs=[CompletionOutput(0, "", [], "error")], error=message)
 
     def metrics(self) -> dict:
-        """Engine counters: running/waiting requests, KV cache slots, steps, prefill and decode tokens."""
-        return self.engine.metrics()
+        """Engine counters: running/waiting requests, KV blocks (total, free), prefix-cache hits,
+        preemptions, steps, prefill and decode tokens."""
+        return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source)
+
+
+def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, kv_cache_memory: int | None = None,
+                 gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
+    """How many KV blocks to allocate, and why.
+
+    On a GPU: `gpu_memory_utilization` of the device memory still free after the weights, the way
+    vLLM sizes its pool. On a CPU, where the KV cache shares RAM with everything else: a stated budget,
+    `kv_cache_memory` bytes, by default enough for `max_num_seqs` sequences of `max_model_len` tokens,
+    capped at 1 GiB.
+    """
+    p = next(model.parameters())
+    per_block = PagedKVCache.bytes_per_block(model.config, block_size, p.dtype)
+    if p.device.type == "cuda" and kv_cache_memory is None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization = {gpu_memory_utilization}: expected a fraction in (0, 1]")
+        free, _ = torch.cuda.mem_get_info(p.device)
+        budget, source = int(free * gpu_memory_utilization), f"{gpu_memory_utilization:.0%} of free GPU memory"
+    elif kv_cache_memory is None:
+        need = max_num_seqs * -(-max_model_len // block_size) * per_block
+        budget, source = min(need, 1 << 30), "max_num_seqs x max_model_len, at most 1 GiB"
+    else:
+        budget, source = int(kv_cache_memory), "kv_cache_memory"
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(f"KV pool: {budget} bytes ({source}) hold no block of {per_block} bytes")
+    return blocks, f"{blocks} blocks x {per_block} B = {blocks * per_block / 2**20:.1f} MiB ({source})"

@@ -52,7 +52,7 @@ def test_greedy_in_a_mixed_batch_equals_transformers_per_request(model_dir, refe
         assert o.outputs[0].token_ids == hf_greedy(reference, p, m)
         assert o.outputs[0].finish_reason == "length"
     m = llm.metrics()
-    assert m["kv_slots_free"] == m["kv_slots_total"] == max_num_seqs and m["num_running"] == m["num_waiting"] == 0
+    assert m["kv_blocks_free"] == m["kv_blocks_total"] and m["num_running"] == m["num_waiting"] == 0
     assert m["prefill_tokens"] == sum(lengths) and m["decode_tokens"] == sum(max_tokens) - len(prompts)
 
 
@@ -113,21 +113,37 @@ def test_text_prompts_and_input_forms(model_dir):
 
 
 @pytest.mark.parametrize("prompts,params,match", [
-    ([[1, 2], []], SamplingParams(), r"prompts\[1\]: prompt is empty"),
-    ([[1, 2], [3, VOCAB + 7]], SamplingParams(), rf"prompts\[1\]: prompt token ids must be ints in \[0, {VOCAB}\)"),
-    ([[1] * 300], SamplingParams(), r"prompts\[0\]: prompt has 300 tokens; max_model_len is 256"),
     ([[1], [2]], [SamplingParams()], "got 2 prompts but 1 SamplingParams"),
     ([[1], 3.5], SamplingParams(), r"prompts\[1\] must be a str or a list of token ids"),
     ([[1]], [{"temperature": 0}], r"sampling_params\[0\] must be a SamplingParams"),
 ])
-def test_bad_requests_fail_clearly_and_leave_the_engine_working(model_dir, prompts, params, match):
+def test_malformed_calls_fail_clearly_and_leave_the_engine_working(model_dir, prompts, params, match):
     llm = LLM(str(model_dir), max_num_seqs=2)
     with pytest.raises((ValueError, TypeError), match=match):
         llm.generate(prompts, params, use_tqdm=False)
     m = llm.metrics()
-    assert m["num_waiting"] == m["num_running"] == 0 and m["kv_slots_free"] == 2
+    assert m["num_waiting"] == m["num_running"] == 0 and m["kv_blocks_free"] == m["kv_blocks_total"]
     ok = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(ok[0].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([], r"prompts\[1\]: prompt is empty"),
+    ([3, VOCAB + 7], rf"prompts\[1\]: prompt token ids must be ints in \[0, {VOCAB}\)"),
+    ([1] * 300, r"prompts\[1\]: prompt has 300 tokens; max_model_len is 256"),
+])
+def test_a_bad_request_fails_alone(model_dir, reference, bad, match):
+    """One bad request gets an error output naming the problem; the others in the call complete."""
+    good = random_prompts([6, 9])
+    llm = LLM(str(model_dir), max_num_seqs=2)
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    outs = llm.generate([good[0], bad, good[1]], sp, use_tqdm=False)
+    assert outs[1].outputs[0].finish_reason == "error" and outs[1].outputs[0].token_ids == []
+    assert outs[1].error is not None and __import__("re").search(match, outs[1].error)
+    for o, p in zip([outs[0], outs[2]], good):
+        assert o.error is None and o.outputs[0].token_ids == hf_greedy(reference, p, 5)
+    m = llm.metrics()
+    assert m["num_waiting"] == m["num_running"] == 0 and m["kv_blocks_free"] == m["kv_blocks_total"]
 
 
 def test_engine_config_is_validated(model_dir):

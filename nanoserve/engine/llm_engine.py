@@ -1,4 +1,7 @@
-"""Chapter 03: the engine loop. add_request -> step (schedule -> run -> update) until nothing is left."""
+"""Chapter 03: the engine loop. add_request -> step (schedule -> run -> update) until nothing is left.
+
+Chapter 04: the KV cache is a pool of blocks (sized here), shared through prefix caching.
+"""
 from __future__ import annotations
 
 import itertools
@@ -7,10 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler
 from nanoserve.engine.sequence import Sequence
-from nanoserve.kv_cache import KVCache
+from nanoserve.paged_kv_cache import PagedKVCache
 from nanoserve.models import CausalLM
 from nanoserve.sampling import SamplingParams
 from nanoserve.tokenizer import Tokenizer
@@ -18,15 +22,26 @@ from nanoserve.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_num_seqs: int = 32               # sequences running at once (= KV cache slots)
+    max_num_seqs: int = 32               # sequences running at once
     max_num_batched_tokens: int = 2048   # tokens per step, prefill chunks and decodes together
     max_model_len: int = 1024            # prompt + output tokens of one sequence
+    num_kv_blocks: int = 2048            # the KV pool (LLM sizes it from memory; see kv_pool_size)
+    block_size: int = 16                 # token positions per KV block
+    enable_prefix_caching: bool = True
     seed: int = 0
     scheduling: str = "continuous"       # or "static", the baseline chapter 03 measures against
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            value = getattr(self, name)
+        self.check_positive(**{name: getattr(self, name) for name in (
+            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "block_size")})
+        if self.num_kv_blocks * self.block_size < self.max_model_len:
+            raise ValueError(f"the KV pool ({self.num_kv_blocks} blocks of {self.block_size} = "
+                             f"{self.num_kv_blocks * self.block_size} tokens) cannot hold one sequence of "
+                             f"max_model_len = {self.max_model_len}: give more blocks or a smaller max_model_len")
+
+    @staticmethod
+    def check_positive(**values) -> None:
+        for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} = {value!r}: expected an int >= 1")
 
@@ -36,10 +51,11 @@ class LLMEngine:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         param = next(model.parameters())
         self.device = param.device
-        self.kv_cache = KVCache(model.config, config.max_num_seqs, config.max_model_len, param.device, param.dtype)
+        self.kv_cache = PagedKVCache(model.config, config.num_kv_blocks, config.block_size, param.device, param.dtype)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len, eos,
-                                   config.scheduling)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
+                                   self.block_manager, eos, config.scheduling)
         self.runner = ModelRunner(model, self.kv_cache, config.seed)
         self._ids = itertools.count()
         self.stats = dict(steps=0, prefill_tokens=0, decode_tokens=0, finished=0)
@@ -87,9 +103,14 @@ class LLMEngine:
 
     def metrics(self) -> dict:
         s = self.scheduler
-        return dict(num_running=len(s.running), num_waiting=len(s.waiting), kv_slots_total=self.config.max_num_seqs,
-                    kv_slots_free=len(s.free_slots), kv_cache_bytes=self.kv_cache.nbytes, **self.stats)
+        b = self.block_manager
+        return dict(num_running=len(s.running), num_waiting=len(s.waiting),
+                    kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free, kv_block_size=b.block_size,
+                    kv_cache_bytes=self.kv_cache.nbytes,
+                    prefix_cache_hit_rate=b.hit_tokens / b.queried_tokens if b.queried_tokens else 0.0,
+                    prefix_cache_hit_tokens=b.hit_tokens, prefix_cache_queried_tokens=b.queried_tokens,
+                    num_preemptions=s.num_preemptions, **self.stats)
 
     def abort(self, seqs: list[Sequence]) -> None:
-        """Drop requests (waiting or running), freeing their cache slots; others are untouched."""
+        """Drop requests (waiting or running), freeing their KV blocks; others are untouched."""
         self.scheduler.abort(seqs)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 
 from nanoserve.engine.sequence import Sequence
-from nanoserve.kv_cache import KVCache
+from nanoserve.paged_kv_cache import PagedKVCache
 from nanoserve.models import CausalLM
 from nanoserve.sampling import sample
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: KVCache, seed: int = 0):
+    def __init__(self, model: CausalLM, kv_cache: PagedKVCache, seed: int = 0):
         self.model, self.kv_cache = model, kv_cache
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
@@ -26,7 +26,7 @@ class ModelRunner:
             if start + n == seq.num_tokens:      # all its known tokens are in: its next token can be drawn
                 sample_rows.append(len(ids) - 1)
                 sampled_seqs.append(seq)
-        self.kv_cache.prepare([s.slot for s, _ in batch], [s.num_cached_tokens for s, _ in batch],
+        self.kv_cache.prepare([s.block_table for s, _ in batch], [s.num_cached_tokens for s, _ in batch],
                               [n for _, n in batch])
         ids_t = torch.tensor([ids], device=self.device)
         pos_t = torch.tensor([positions], device=self.device)

@@ -1,21 +1,27 @@
-"""Chapter 03: continuous (iteration-level) batching.
+"""Chapter 03: continuous (iteration-level) batching. Chapter 04: within a pool of KV blocks.
 
 Every step the scheduler builds a new batch: running sequences first (one token each for decodes, the
-next chunk for a prompt still being prefilled), then waiting requests admitted while there is a free
-cache slot, room under `max_num_seqs` and tokens left in the step's budget. A finished sequence leaves
-at once and its slot goes to the next request, instead of idling until the longest request in a static
-batch is done.
+next chunk for a prompt still being prefilled), then waiting requests admitted while there is room
+under `max_num_seqs`, tokens left in the step's budget and KV blocks for what they will compute. A
+finished sequence leaves at once and its blocks go to the next request, instead of idling until the
+longest request in a static batch is done.
+
+When a running sequence needs a block and none is free, the most recently admitted running sequence
+is *preempted*: its blocks are freed and it goes back to the front of the queue, to be recomputed
+(prompt and the tokens it already produced) when memory allows. Nothing is lost, and its output is
+the same as without the pressure.
 """
 from __future__ import annotations
 
 from collections import deque
 
+from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.sequence import Sequence, Status
 
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 eos_token_ids: tuple[int, ...] = (), policy: str = "continuous"):
+                 block_manager: BlockManager, eos_token_ids: tuple[int, ...] = (), policy: str = "continuous"):
         if policy not in ("continuous", "static"):
             raise ValueError(f"scheduling policy {policy!r}: expected 'continuous' or 'static'")
         self.policy = policy  # "static": a batch is admitted together and no one joins until all of it is done
@@ -25,7 +31,8 @@ class Scheduler:
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots = list(range(max_num_seqs - 1, -1, -1))
+        self.blocks = block_manager
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -37,27 +44,53 @@ class Scheduler:
         """The next step's batch: (sequence, number of its tokens to run), within the token budget."""
         budget = self.max_num_batched_tokens
         batch = []
-        for seq in self.running:
+        preempted = False
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING:      # preempted below to make room for an earlier one
+                continue
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)
             if n <= 0:
                 break
-            batch.append((seq, n))
-            budget -= n
-        admitting = self.policy == "continuous" or not self.running
-        while admitting and self.waiting and self.free_slots and budget > 0:
-            seq = self.waiting.popleft()
-            seq.slot, seq.status = self.free_slots.pop(), Status.RUNNING
-            self.running.append(seq)
+            while not self.blocks.ensure(seq, seq.num_cached_tokens + n):
+                self.preempt(self.running[-1])         # the latest admitted gives way
+                preempted = True
+                if seq.status is not Status.RUNNING:
+                    break
+            if seq.status is Status.RUNNING:
+                batch.append((seq, n))
+                budget -= n
+        # admit only when nothing had to give way this step: memory is tight, let the running finish
+        admitting = not preempted and (self.policy == "continuous" or not self.running)
+        while admitting and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            hit = self.blocks.match_prefix(seq)       # cached blocks at the start of its tokens: skip them
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)  # a long prompt is prefilled in chunks
+            if not self.blocks.ensure(seq, seq.num_cached_tokens + n):
+                self.blocks.release(seq)
+                break
+            self.blocks.record_admission(seq, hit)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
             batch.append((seq, n))
             budget -= n
         return batch
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s blocks and requeue it first in line; it will be recomputed from its tokens."""
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
 
     def update(self, batch: list[tuple[Sequence, int]], new_tokens: dict[int, int], now: float) -> list[Sequence]:
         """Record what the step computed and sampled; retire sequences that are done. Returns those."""
         finished = []
         for seq, n in batch:
             seq.num_cached_tokens += n
+            self.blocks.commit_full_blocks(seq)
             if seq.seq_id not in new_tokens:   # a prompt chunk that did not reach the end: nothing sampled
                 continue
             token = new_tokens[seq.seq_id]
@@ -68,8 +101,7 @@ class Scheduler:
             if reason:
                 seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
                 self.running.remove(seq)
-                self.free_slots.append(seq.slot)
-                seq.slot = None
+                self.blocks.release(seq)
                 finished.append(seq)
         return finished
 
@@ -89,6 +121,5 @@ class Scheduler:
                 self.waiting.remove(seq)
             elif seq.status is Status.RUNNING:
                 self.running.remove(seq)
-                self.free_slots.append(seq.slot)
-                seq.slot = None
+                self.blocks.release(seq)
             seq.status, seq.finish_reason = Status.FINISHED, "abort"

@@ -1,4 +1,7 @@
-"""Chapter 03: a request's life. waiting -> running -> finished, with its tokens and its place in the cache."""
+"""Chapter 03: a request's life. waiting -> running -> finished, with its tokens and its place in the cache.
+
+Chapter 04 adds preemption (running -> waiting, to be recomputed) and the block table.
+"""
 from __future__ import annotations
 
 import enum
@@ -25,8 +28,11 @@ class Sequence:
         self.num_cached_tokens = 0                # tokens whose keys/values are in the KV cache
         self.params = params
         self.status = Status.WAITING
-        self.slot: int | None = None              # the KV cache row this sequence owns while running
-        self.finish_reason: str | None = None     # "stop" | "length"
+        self.block_table: list[int] = []          # KV blocks holding its positions, in order (chapter 04)
+        self.block_hashes: list[bytes] = []       # prefix-cache hashes of its full, computed blocks
+        self.finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
+        self.error: str | None = None             # why a request failed, when it did
+        self.num_preemptions = 0
         self.generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None

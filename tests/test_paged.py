@@ -1,0 +1,222 @@
+"""Chapter 04: the block manager, paged attention, prefix caching, preemption and chunked prefill."""
+import random
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from nanoserve import COURSE_MODEL, LLM, SamplingParams
+from nanoserve.engine import EngineConfig, LLMEngine, Sequence
+from nanoserve.engine.block_manager import BlockManager
+from nanoserve.kv_cache import KVCache
+from nanoserve.models import load
+from nanoserve.paged_kv_cache import PagedKVCache
+
+VOCAB = 4096
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("paged-model")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=5)
+    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(d)
+    shutil.copy(f"{COURSE_MODEL}/tokenizer.json", d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(ref, prompt, n):
+    ids = torch.tensor([prompt])
+    out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                       eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def prompts_of(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(6, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def seq_of(n_tokens, seq_id=0):
+    return Sequence(seq_id, list(range(10, 10 + n_tokens)), GREEDY)
+
+
+# --- block accounting ---------------------------------------------------------------------------------
+def test_blocks_are_handed_out_on_demand_and_all_or_nothing():
+    bm = BlockManager(num_blocks=5, block_size=4, enable_prefix_caching=False)
+    a, b = seq_of(9), seq_of(6, 1)
+    assert bm.ensure(a, 9) and len(a.block_table) == 3 and bm.num_free == 2
+    assert not bm.ensure(b, 12) and b.block_table == [] and bm.num_free == 2   # needs 3: nothing taken
+    assert bm.ensure(b, 6) and bm.num_free == 0
+    assert bm.ensure(a, 12)                     # still inside its third block: nothing new
+    assert not bm.ensure(a, 13)
+    bm.release(a)
+    assert bm.num_free == 3 and a.block_table == [] and a.num_cached_tokens == 0
+    bm.release(b)
+    assert bm.num_free == 5
+
+
+def test_prefix_blocks_are_shared_and_evicted_least_recently_freed_first():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = seq_of(10)
+    assert bm.match_prefix(a) == 0
+    bm.ensure(a, 10)
+    a.num_cached_tokens = 10
+    bm.commit_full_blocks(a)                    # two full blocks get hashes; the third is partial
+    assert len(a.block_hashes) == 2
+    b = Sequence(1, a.token_ids[:9] + [999], GREEDY)   # same first 9 tokens: 2 full blocks match
+    assert bm.match_prefix(b) == 8 and b.block_table == a.block_table[:2]
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    c = Sequence(2, [7] + a.token_ids[1:], GREEDY)     # first token differs: the chain breaks at block 0
+    assert bm.match_prefix(c) == 0
+    bm.release(b)
+    bm.release(a)
+    assert bm.num_free == 6
+    # freed blocks keep their hashes: a newcomer with the prefix still hits...
+    d = Sequence(3, a.token_ids, GREEDY)
+    assert bm.match_prefix(d) == 8
+    bm.release(d)
+    # ...until the pool hands those blocks out again, oldest-freed first
+    e = seq_of(24, 4)
+    e.token_ids = [5] * 24
+    assert bm.ensure(e, 24) and bm.num_free == 0
+    f = Sequence(5, a.token_ids, GREEDY)
+    assert bm.match_prefix(f) == 0
+    assert bm.cached == {}
+
+
+# --- paged attention ----------------------------------------------------------------------------------
+def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model_dir):
+    """Blocks in a shuffled order (holes in the pool) give the same attention as chapter 02's cache."""
+    model = load(str(model_dir))
+    cfg = model.config
+    bs = 4
+    paged = PagedKVCache(cfg, num_blocks=40, block_size=bs)
+    flat = KVCache(cfg, num_slots=3, max_len=40)
+    ids = list(range(40))
+    random.Random(0).shuffle(ids)
+    tables = [ids[0:10], ids[10:20], ids[20:30]]
+    prompts = prompts_of([13, 7, 22])
+    with torch.inference_mode():
+        # prefill (one of them in two chunks), then two decode steps, on both caches
+        steps = [([0, 1, 2], [0, 0, 0], [9, 7, 22]), ([0], [9], [4]), ([0, 1, 2], [13, 7, 22], [1, 1, 1]),
+                 ([0, 1, 2], [14, 8, 23], [1, 1, 1])]
+        seqs = [p + [11, 12] for p in prompts]
+        for rows, starts, lengths in steps:
+            tokens = [t for r, s, n in zip(rows, starts, lengths) for t in seqs[r][s:s + n]]
+            positions = [p for s, n in zip(starts, lengths) for p in range(s, s + n)]
+            ids_t, pos_t = torch.tensor([tokens]), torch.tensor([positions])
+            paged.prepare([tables[r] for r in rows], starts, lengths)
+            flat.prepare(rows, starts, lengths)
+            got = model.hidden_states(ids_t, pos_t, paged)
+            want = model.hidden_states(ids_t, pos_t, flat)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_block_table_too_short_for_the_step_is_refused(model_dir):
+    cache = PagedKVCache(load(str(model_dir)).config, num_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match="covers 4 positions; the step needs 6"):
+        cache.prepare([[2]], [0], [6])
+
+
+# --- the engine ---------------------------------------------------------------------------------------
+def test_prefix_caching_skips_the_shared_prefill_and_keeps_outputs(model_dir, reference):
+    system = prompts_of([50], seed=1)[0]
+    questions = prompts_of([5, 9, 3], seed=2)
+    prompts = [system + q for q in questions]
+    llm = LLM(str(model_dir), block_size=16)
+    first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
+    m = llm.metrics()
+    assert m["prefix_cache_hit_tokens"] == 2 * 48          # 3 full blocks of the 50-token system prompt, twice
+    assert m["prefix_cache_queried_tokens"] == sum(map(len, prompts))
+    assert m["prefill_tokens"] == sum(map(len, prompts)) - 96
+    assert m["kv_blocks_free"] == m["kv_blocks_total"]
+    for p, o in zip(prompts, first + rest):
+        assert o.outputs[0].token_ids == hf_greedy(reference, p, GREEDY.max_tokens)
+    off = LLM(str(model_dir), block_size=16, enable_prefix_caching=False)
+    off.generate(prompts, GREEDY, use_tqdm=False)
+    assert off.metrics()["prefix_cache_hit_tokens"] == 0 and off.metrics()["prefill_tokens"] == sum(map(len, prompts))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_preemption_under_a_small_pool_keeps_every_output(model_dir, reference, prefix_caching):
+    lengths, max_tokens = [20, 35, 12, 28, 40, 9], [30, 12, 40, 25, 18, 33]
+    prompts = prompts_of(lengths, seed=3)
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    params[1] = SamplingParams(temperature=0.8, top_k=50, max_tokens=12, ignore_eos=True, seed=7)  # seeded
+    roomy = LLM(str(model_dir), block_size=8, max_num_seqs=6)
+    tight = LLM(str(model_dir), block_size=8, max_num_seqs=6, num_kv_blocks=12, max_model_len=96,
+                enable_prefix_caching=prefix_caching)
+    want = roomy.generate(prompts, params, use_tqdm=False)
+    got = tight.generate(prompts, params, use_tqdm=False)
+    m = tight.metrics()
+    assert m["num_preemptions"] > 0 and roomy.metrics()["num_preemptions"] == 0
+    assert sum(o.metrics["num_preemptions"] for o in got) == m["num_preemptions"]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for i in (0, 2, 5):
+        assert got[i].outputs[0].token_ids == hf_greedy(reference, prompts[i], max_tokens[i])
+    assert m["kv_blocks_free"] == m["kv_blocks_total"] == 12 and m["num_running"] == m["num_waiting"] == 0
+
+
+def test_chunked_prefill_lets_decodes_flow(model_dir, reference):
+    """A long prompt arriving mid-run is prefilled in budget-sized chunks while the others keep decoding."""
+    llm = LLM(str(model_dir), max_num_batched_tokens=32, max_num_seqs=4)
+    engine: LLMEngine = llm.engine
+    short = prompts_of([6, 10], seed=4)
+    long = prompts_of([150], seed=5)[0]
+    seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)) for p in short]
+    engine.step()                                # both short prompts prefilled
+    big = engine.add_request(long, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    chunks = []
+    while big.num_cached_tokens < len(long):
+        batch = engine.scheduler.schedule()
+        assert [n for s, n in batch if s is not big] == [1, 1]     # every step still decodes both
+        chunks.append(dict(batch)[big])
+        engine.scheduler.update(batch, engine.runner.run(batch), 0.0)
+    assert chunks == [30] * 5                    # 32-token budget minus the two decodes
+    while engine.has_unfinished():
+        engine.step()
+    for s, p, n in [(seqs[0], short[0], 20), (seqs[1], short[1], 20), (big, long, 4)]:
+        assert s.output_token_ids == hf_greedy(reference, p, n)
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_pool_sizing_and_its_errors(model_dir):
+    llm = LLM(str(model_dir), max_num_seqs=4, block_size=16)
+    m = llm.metrics()
+    assert m["kv_blocks_total"] == 4 * 512 // 16 and "max_num_seqs x max_model_len" in m["kv_pool_source"]
+    assert m["kv_cache_bytes"] == m["kv_blocks_total"] * PagedKVCache.bytes_per_block(llm.model.config, 16)
+    budget = LLM(str(model_dir), block_size=16, kv_cache_memory=20 * m["kv_cache_bytes"] // m["kv_blocks_total"])
+    assert budget.metrics()["kv_blocks_total"] == 20
+    assert budget.engine.config.max_model_len == 320         # a sequence can grow only as far as the pool
+    with pytest.raises(ValueError, match=r"the KV pool \(4 blocks of 16 = 64 tokens\) cannot hold one sequence "
+                                         r"of max_model_len = 128"):
+        LLM(str(model_dir), num_kv_blocks=4, max_model_len=128)
+    with pytest.raises(ValueError, match="hold no block"):
+        LLM(str(model_dir), kv_cache_memory=100)
+    small = LLM(str(model_dir), num_kv_blocks=4, block_size=16)   # 64 tokens: a longer prompt fails alone
+    outs = small.generate([[7] * 80, [8] * 10], GREEDY, use_tqdm=False)
+    assert outs[0].error == "prompts[0]: prompt has 80 tokens; max_model_len is 64 (prompt plus at least one new token)"
+    assert len(outs[1].outputs[0].token_ids) == 8
+
+
+def test_aborted_requests_give_their_blocks_back(model_dir):
+    engine = LLM(str(model_dir), block_size=4).engine
+    seqs = [engine.add_request(p, GREEDY) for p in prompts_of([9, 17, 5])]
+    engine.step()
+    engine.step()
+    assert engine.block_manager.num_free < engine.block_manager.num_blocks
+    engine.abort(seqs[:2])
+    while engine.has_unfinished():
+        engine.step()
+    assert seqs[2].finish_reason == "length" and [s.finish_reason for s in seqs[:2]] == ["abort", "abort"]
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
