@@ -54,13 +54,15 @@ def check(name: str, passed: bool, detail: str = "") -> None:
 
 
 def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: str = "diagnosis",
-                    rtol: float = 0.25) -> None:
+                    rtol: float = 0.25, busy_fraction: float | None = None, busy_atol: float = 0.05) -> None:
     """Check a diagnosis written as data against the learner's own measurement.
 
     `measured` maps each category to the seconds spent in it (e.g. `{"data": 0.21, "compute": 0.01}`,
     or `perf.profile(...).breakdown()`). `diagnosis` must be a dict with
       - "bound": the category that dominates, i.e. the largest entry of `measured`, and
-      - "evidence_s": the seconds quoted for it, within `rtol` (relative) of `measured[bound]`.
+      - "evidence_s": the seconds quoted for it, within `rtol` (relative) of `measured[bound]`;
+      - "busy_fraction", only when `busy_fraction` (the measured accelerator busy fraction, e.g.
+        `prof.busy_fraction`) is given: the fraction quoted, within `busy_atol` of it.
     A malformed diagnosis is a FAIL with the reason, not an exception.
     """
     if not measured:
@@ -86,7 +88,19 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
         check(name, False, f"evidence_s {evidence:.4f} s does not match the measured {bound} "
                     f"time {actual:.4f} s (tolerance {rtol:.0%})")
         return
-    check(name, True, f"bound={bound}, evidence {evidence:.4f} s ({table})")
+    busy = ""
+    if busy_fraction is not None:
+        quoted = diagnosis.get("busy_fraction")
+        if not isinstance(quoted, (int, float)) or isinstance(quoted, bool) or not math.isfinite(quoted):
+            check(name, False, f"expected 'busy_fraction': the measured accelerator busy fraction "
+                               f"(0 to 1), got {quoted!r}")
+            return
+        if abs(quoted - busy_fraction) > busy_atol:
+            check(name, False, f"busy_fraction {quoted:.3f} does not match the measured "
+                               f"{busy_fraction:.3f} (tolerance {busy_atol})")
+            return
+        busy = ", busy fraction as measured"   # no bare number: PASS lines must compare across machines
+    check(name, True, f"bound={bound}, evidence {evidence:.4f} s{busy} ({table})")
 
 
 def parse_line(line: str) -> CheckResult | None:

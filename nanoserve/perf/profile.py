@@ -181,12 +181,14 @@ class Profile:
         return self._busy_s / self.wall_s
 
     def breakdown(self) -> dict[str, float]:
-        """Seconds per category ("compute", "comm", "memcpy", region labels, "host", "idle"); they sum
-        to `wall_s`. The device categories and "idle" are always present, largest entries first after them."""
+        """Seconds per category, summing to `wall_s`, in a fixed order: "compute", "comm", "memcpy"
+        (always present), then the region labels seen (alphabetically), "host" (if any) and "idle"."""
         out = {c: self._parts.get(c, 0.0) for c in DEVICE_CATEGORIES}
-        for c, s in sorted(self._parts.items(), key=lambda kv: -kv[1]):
-            out.setdefault(c, s)
-        out.setdefault("idle", 0.0)
+        for c in sorted(set(self._parts) - set(DEVICE_CATEGORIES) - {"host", "idle"}):
+            out[c] = self._parts[c]
+        if "host" in self._parts:
+            out["host"] = self._parts["host"]
+        out["idle"] = self._parts.get("idle", 0.0)
         return out
 
     def busy_by_category(self) -> dict[str, float]:
