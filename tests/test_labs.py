@@ -191,7 +191,7 @@ def test_nbval_ignores_stderr_and_html_but_compares_stdout(tmp_path):
     for i, (source, outputs) in enumerate(cells):
         nb.cells.append(nbformat.v4.new_code_cell(source, id=f"c{i}", execution_count=i + 1, outputs=outputs))
     nbformat.write(nb, str(tmp_path / "other_machine.ipynb"))
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     shutil.copy(TESTS / "nbval_sanitize.cfg", tmp_path / "nbval_sanitize.cfg")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # keep the repo's addopts out of this run
     done = subprocess.run(
@@ -202,3 +202,43 @@ def test_nbval_ignores_stderr_and_html_but_compares_stdout(tmp_path):
     assert re.search(r"\b3 passed\b", out) and re.search(r"\b1 failed\b", out), out
     assert "FAILED other_machine.ipynb::Cell 3" in out, out
     assert re.search(r"\d+\.\d s  other_machine\.ipynb", out), out  # the per-notebook time summary
+
+
+# --- lab 03, the data pipeline: the grader against the real lab ---------------------------------------
+
+LAB03_SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
+LAB03 = ROOT / "labs" / "lab03_data_pipeline.ipynb"
+LAB03_CHECKS = ("measured", "diagnosis", "same-scores", "speedup", "busy-fraction")
+
+
+@pytest.mark.slow
+def test_grading_lab03_unsolved_fails(tmp_path, capsys):
+    lab = tmp_path / LAB03.name
+    shutil.copy(LAB03, lab)
+    assert grade.main([str(lab)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("not implemented: NotImplementedError: TODO:") == 3, out   # measure, diagnose, right lever
+    assert not re.search(r"PASS\s+(speedup|same-scores|diagnosis)\s", out), out
+
+
+@pytest.mark.slow
+def test_grading_lab03_solution_passes():
+    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(LAB03_SOLUTION)],
+                          capture_output=True, text=True, cwd=ROOT)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for name in LAB03_CHECKS:
+        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert f"{len(LAB03_CHECKS)} passed, 0 failed" in out
+
+
+@pytest.mark.parametrize("diagnosis, passed, says", [
+    ({"bound": "data", "evidence_s": 0.2, "busy_fraction": 0.06}, True, "busy fraction as measured"),
+    ({"bound": "data", "evidence_s": 0.2, "busy_fraction": 0.5}, False, "does not match the measured 0.048"),
+    ({"bound": "data", "evidence_s": 0.2}, False, "expected 'busy_fraction'"),
+    ({"bound": "data", "evidence_s": 0.2, "busy_fraction": "low"}, False, "expected 'busy_fraction'"),
+])
+def test_check_diagnosis_with_the_busy_fraction(capsys, diagnosis, passed, says):
+    grading.check_diagnosis(diagnosis, {"data": 0.2, "compute": 0.01}, busy_fraction=0.01 / 0.21)
+    out = capsys.readouterr().out
+    assert out.startswith("PASS diagnosis:" if passed else "FAIL diagnosis:") and says in out, out
