@@ -117,6 +117,7 @@ def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float,
     origin = min(k.start_ns() for k in raw)
     events, window = [], None
     runtime_by_corr: dict[int, tuple[int, int]] = {}   # launch correlation id -> (thread, start ns)
+    op_by_corr: dict[int, tuple[int, int, str, float, float]] = {}  # cpu op correlation id -> the op
     host_ops: dict[int, list[tuple[int, int, str, float, float]]] = {}  # tid -> [(start, end, name, flops, bytes)]
     pending_kernels = []
     for k in raw:
@@ -145,16 +146,18 @@ def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float,
                 flops = flops or float(k.flops() or 0)
                 events.append(Event(name, "op", category_of(name), start, dur, f"thread {tid}",
                                     flops=flops, bytes=nbytes))
-                host_ops.setdefault(tid, []).append((k.start_ns(), k.start_ns() + k.duration_ns(), name,
-                                                     flops, nbytes))
-    # Device work: find the innermost host operator around each kernel's launch call.
+                row = (k.start_ns(), k.start_ns() + k.duration_ns(), name, flops, nbytes)
+                host_ops.setdefault(tid, []).append(row)
+                op_by_corr[k.correlation_id()] = row
+    # Device work: its launching operator, as torch links them (a kernel's linked correlation id is
+    # the operator's id), else the innermost operator around the launch call with the kernel's id.
     for ops in host_ops.values():
         ops.sort()
     per_op_kernels: dict[tuple, list] = {}
     for k, start, dur in pending_kernels:
-        launch = runtime_by_corr.get(k.linked_correlation_id()) or runtime_by_corr.get(k.correlation_id())
-        owner = None
-        if launch is not None:
+        owner = op_by_corr.get(k.linked_correlation_id())
+        launch = runtime_by_corr.get(k.correlation_id())
+        if owner is None and launch is not None:
             tid, t = launch
             ops = host_ops.get(tid, [])
             i = bisect.bisect_right(ops, (t, float("inf"))) - 1
