@@ -16,7 +16,10 @@ same (already rounded) inputs, unless a test says otherwise:
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,42 @@ def test_dispatched_op_equals_the_module_function(name, monkeypatch):
     gate, up = randn(3, 50, seed=1), randn(3, 50, seed=2)
     expected = (activation.silu_and_mul if name == "triton" else activation.silu_and_mul_ref)(gate, up)
     assert torch.equal(kernels.silu_and_mul(gate, up), expected)
+
+
+WITHOUT_TRITON = """
+import os, sys
+
+class NoTriton:  # as on macOS or Windows, where no Triton wheel exists
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError(name)
+
+sys.meta_path.insert(0, NoTriton())
+import torch
+import nanoserve  # the engine imports the kernels package: it must load
+from nanoserve import kernels
+from nanoserve.kernels import activation
+assert not kernels.HAVE_TRITON and kernels.backend() == "torch"
+g, u = torch.randn(10), torch.randn(10)
+assert torch.equal(kernels.silu_and_mul(g, u), torch.nn.functional.silu(g) * u)
+try:
+    activation.silu_and_mul(g, u)
+    raise SystemExit("launching a kernel without Triton did not fail")
+except RuntimeError as e:
+    assert "Triton is not installed" in str(e), e
+os.environ["NANOSERVE_KERNELS"] = "triton"
+try:
+    kernels.backend()
+    raise SystemExit("forcing triton without Triton did not fail")
+except RuntimeError as e:
+    assert "not installed" in str(e), e
+"""
+
+
+def test_the_references_work_where_triton_is_not_installed():
+    env = {k: v for k, v in os.environ.items() if k != "NANOSERVE_KERNELS"}
+    run = subprocess.run([sys.executable, "-c", WITHOUT_TRITON], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-2000:]
 
 
 # --- softmax (the teaching kernel) -------------------------------------------------------------
