@@ -14,7 +14,8 @@
 | `flash_attention`   | `flash_prefill`                      | `flash_prefill_ref`          |
 
 Inside each module the plain name is the Triton kernel's launcher and `<name>_ref` the PyTorch
-reference; the functions of this package pick one of the two per call.
+reference; the functions of this package pick one of the two per call. `cost` counts each kernel's
+FLOPs and bytes for the roofline; `bench` times them on a GPU (`benchmarks/kernels.py`).
 
 Where torch sees no CUDA device, Triton can only run its interpreter (`TRITON_INTERPRET=1`: every
 program of the grid is run in Python with NumPy, for correctness, not speed). `@triton.jit` reads
