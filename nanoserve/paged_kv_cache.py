@@ -4,8 +4,8 @@ through each sequence's block table.
 Storage, per layer: `num_blocks` blocks of `block_size` positions ([block, offset, kv_head, head_dim]).
 Token position p of a sequence with block table T sits at flat row `T[p // block_size] * block_size +
 p % block_size` of the layer's [num_blocks * block_size, kv_head, head_dim] view. A step is varlen, as
-in chapter 02: `prepare()` turns the step's block tables into row indices once, and every layer uses
-them to write the new keys/values and to gather what each query attends to.
+in chapter 02: `prepare()` turns the step's block tables into indices once, and every layer uses them
+to write the new keys/values (by row) and to gather the blocks each query attends to.
 
 This PyTorch path is the reference that chapter 05's Triton kernels match (`paged_decode_attention`
 reads the blocks in place instead of gathering them); `NANOSERVE_KERNELS=triton` switches to them.
@@ -21,15 +21,22 @@ from nanoserve.models.config import ModelConfig
 
 
 @dataclass
+class DecodeGroup:
+    """Decodes of similar length, attended together: their blocks gathered and padded to the longest."""
+    tokens: torch.Tensor            # [G] which of the step's N tokens
+    blocks: torch.Tensor            # [G, max_blocks] block ids (padding: block 0, masked)
+    mask: torch.Tensor              # [G, 1, 1, max_blocks * block_size] True where a key is attended
+
+
+@dataclass
 class PagedStep:
-    """Row indices for one step, built once and shared by every layer."""
+    """Indices for one step, built once and shared by every layer."""
     new_rows: torch.Tensor          # [N] flat cache row of each new token
     decode_tokens: torch.Tensor     # [D] which of the N tokens are single-token (decode) sequences
-    decode_rows: torch.Tensor       # [D, ctx] flat rows each decode attends to (padded with row 0)
-    decode_mask: torch.Tensor       # [D, 1, 1, ctx] True where a key is attended
     decode_tables: torch.Tensor     # [D, max_blocks] int32 block tables, -1 past the end (Triton path)
     decode_context: torch.Tensor    # [D] int32 keys per decode
-    prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, new tokens, start, rows [ctx])
+    decode_groups: list[DecodeGroup]  # the same decodes, grouped by length (PyTorch path)
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (first token, new tokens, start, its blocks)
 
 
 class PagedKVCache:
@@ -52,10 +59,6 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def _rows(self, table: list[int], start: int, stop: int) -> list[int]:
-        bs = self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, stop)]
-
     def prepare(self, block_tables: list[list[int]], starts: list[int], lengths: list[int]) -> None:
         """Describe the next forward: sequence i writes `lengths[i]` tokens at positions `starts[i]..`."""
         dev, bs = self.k.device, self.block_size
@@ -64,28 +67,33 @@ class PagedKVCache:
         for table, start, n in zip(block_tables, starts, lengths):
             if len(table) * bs < start + n:
                 raise ValueError(f"block table {table} covers {len(table) * bs} positions; the step needs {start + n}")
-            new_rows += self._rows(table, start, start + n)
+            new_rows += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            used = table[:-(-(start + n) // bs)]
             if n == 1:
                 decode_tokens.append(offset)
-                decode_tables.append(table)
+                decode_tables.append(used)
                 decode_ctx.append(start + 1)
             else:
-                prefills.append((offset, n, start, torch.tensor(self._rows(table, 0, start + n), device=dev)))
+                prefills.append((offset, n, start, torch.tensor(used, device=dev)))
             offset += n
-        ctx = max(decode_ctx, default=0)
         width = max((len(t) for t in decode_tables), default=0)
         tables = torch.tensor([t + [-1] * (width - len(t)) for t in decode_tables], dtype=torch.int32,
                               device=dev).reshape(len(decode_tables), width)
         context = torch.tensor(decode_ctx, dtype=torch.int32, device=dev)
-        pos = torch.arange(ctx, device=dev)
-        mask = pos[None, :] < context[:, None]
-        if self.sliding_window is not None:
-            mask &= pos[None, :] >= context[:, None] - self.sliding_window
-        blocks = tables.clamp(min=0).long().gather(1, (pos // bs).expand(len(decode_tables), ctx)) if ctx else \
-            torch.zeros(len(decode_tables), 0, dtype=torch.long, device=dev)
-        rows = torch.where(mask, blocks * bs + pos % bs, 0)
+        groups = []
+        order = sorted(range(len(decode_tables)), key=lambda i: len(decode_tables[i]))
+        for lo, hi in split_by_length([len(decode_tables[i]) for i in order]):
+            rows = order[lo:hi]
+            w = len(decode_tables[rows[-1]])
+            pos = torch.arange(w * bs, device=dev)
+            ctx = context[rows]
+            mask = pos[None, :] < ctx[:, None]
+            if self.sliding_window is not None:
+                mask &= pos[None, :] >= ctx[:, None] - self.sliding_window
+            groups.append(DecodeGroup(torch.tensor([decode_tokens[i] for i in rows], device=dev),
+                                      tables[rows, :w].clamp(min=0).long(), mask[:, None, None, :]))
         self.step = PagedStep(torch.tensor(new_rows, device=dev), torch.tensor(decode_tokens, device=dev, dtype=torch.long),
-                              rows, mask[:, None, None, :], tables, context, prefills)
+                              tables, context, groups, prefills)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store this step's k/v in their blocks, then attention through the block tables. q: [1, N, heads, d]."""
@@ -105,23 +113,50 @@ class PagedKVCache:
         if D and use_triton:
             out[step.decode_tokens] = kernels.paged_decode_attention(
                 q[step.decode_tokens], kc, vc, step.decode_tables, step.decode_context, self.scale, self.sliding_window)
-        elif D:  # all decodes together: gather each one's keys (padded to the longest), mask the padding
-            rows = step.decode_rows.flatten()
-            keys = kflat.index_select(0, rows).view(D, -1, kvh, d).transpose(1, 2)   # [D, kv_heads, ctx, d]
-            vals = vflat.index_select(0, rows).view(D, -1, kvh, d).transpose(1, 2)
-            qd = q[step.decode_tokens].unsqueeze(2)                                   # [D, heads, 1, d]
-            o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=step.decode_mask, enable_gqa=True)
-            out[step.decode_tokens] = o.squeeze(2)
-        for first, n, start, rows in step.prefills:
+        elif D:  # decodes of similar length together: gather their blocks (padded to the longest), mask
+            for g in step.decode_groups:
+                G = len(g.tokens)
+                blocks = g.blocks.flatten()      # whole blocks: a few large copies, not many small ones
+                keys = kc.index_select(0, blocks).view(G, -1, kvh, d).transpose(1, 2)  # [G, kv_heads, ctx, d]
+                vals = vc.index_select(0, blocks).view(G, -1, kvh, d).transpose(1, 2)
+                qd = q[g.tokens].unsqueeze(2)                                          # [G, heads, 1, d]
+                o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=g.mask, enable_gqa=True)
+                out[g.tokens] = o.squeeze(2)
+        for first, n, start, blocks in step.prefills:
             qs = q[first:first + n].transpose(0, 1)                                   # [heads, n, d]
-            keys = kflat.index_select(0, rows).transpose(0, 1)                        # [kv_heads, ctx, d]
-            vals = vflat.index_select(0, rows).transpose(0, 1)
+            keys = kc.index_select(0, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)   # [kv_heads, ctx, d]
+            vals = vc.index_select(0, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
             if use_triton:
                 o = kernels.flash_prefill(qs, keys, vals, start, self.scale, self.sliding_window)
             else:
                 o = prefill_attention(qs[None], keys[None], vals[None], start, self.sliding_window)[0]
             out[first:first + n] = o.transpose(0, 1)
         return out[None]
+
+
+def split_by_length(num_blocks: list[int], max_groups: int = 4, group_cost: int = 16) -> list[tuple[int, int]]:
+    """Cut sorted per-sequence block counts into at most `max_groups` runs [lo, hi) that waste less.
+
+    A group costs its size x its longest (the padding is gathered and attended too), plus a fixed
+    `group_cost` in blocks for the extra calls. Each run is split in two at its best point while that pays.
+    """
+    def padded(lo, hi):
+        return (hi - lo) * num_blocks[hi - 1] if hi > lo else 0
+
+    runs = [(0, len(num_blocks))] if num_blocks else []
+    while len(runs) < max_groups:
+        best = None  # (saving, run index, cut)
+        for r, (lo, hi) in enumerate(runs):
+            for cut in range(lo + 1, hi):
+                saving = padded(lo, hi) - padded(lo, cut) - padded(cut, hi) - group_cost
+                if saving > 0 and (best is None or saving > best[0]):
+                    best = (saving, r, cut)
+        if best is None:
+            break
+        _, r, cut = best
+        lo, hi = runs.pop(r)
+        runs[r:r] = [(lo, cut), (cut, hi)]
+    return runs
 
 
 def prefill_attention(q, k, v, start: int, sliding_window: int | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ from nanoserve.engine import EngineConfig, LLMEngine, Sequence
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.kv_cache import KVCache
 from nanoserve.models import load
-from nanoserve.paged_kv_cache import PagedKVCache
+from nanoserve.paged_kv_cache import PagedKVCache, split_by_length
 
 VOCAB = 4096
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -95,20 +95,22 @@ def test_prefix_blocks_are_shared_and_evicted_least_recently_freed_first():
 
 # --- paged attention ----------------------------------------------------------------------------------
 def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model_dir):
-    """Blocks in a shuffled order (holes in the pool) give the same attention as chapter 02's cache."""
+    """Blocks in a shuffled order (holes in the pool) give the same attention as chapter 02's cache,
+    with decodes of very different lengths attended in separate length groups."""
     model = load(str(model_dir))
     cfg = model.config
     bs = 4
-    paged = PagedKVCache(cfg, num_blocks=40, block_size=bs)
-    flat = KVCache(cfg, num_slots=3, max_len=40)
-    ids = list(range(40))
+    paged = PagedKVCache(cfg, num_blocks=120, block_size=bs)
+    flat = KVCache(cfg, num_slots=4, max_len=100)
+    ids = list(range(120))
     random.Random(0).shuffle(ids)
-    tables = [ids[0:10], ids[10:20], ids[20:30]]
-    prompts = prompts_of([13, 7, 22])
+    tables = [ids[0:25], ids[25:50], ids[50:75], ids[75:100]]
+    prompts = prompts_of([13, 7, 22, 90])
+    groups = []
     with torch.inference_mode():
         # prefill (one of them in two chunks), then two decode steps, on both caches
-        steps = [([0, 1, 2], [0, 0, 0], [9, 7, 22]), ([0], [9], [4]), ([0, 1, 2], [13, 7, 22], [1, 1, 1]),
-                 ([0, 1, 2], [14, 8, 23], [1, 1, 1])]
+        steps = [([0, 1, 2, 3], [0, 0, 0, 0], [9, 7, 22, 90]), ([0], [9], [4]),
+                 ([0, 1, 2, 3], [13, 7, 22, 90], [1, 1, 1, 1]), ([0, 1, 2, 3], [14, 8, 23, 91], [1, 1, 1, 1])]
         seqs = [p + [11, 12] for p in prompts]
         for rows, starts, lengths in steps:
             tokens = [t for r, s, n in zip(rows, starts, lengths) for t in seqs[r][s:s + n]]
@@ -116,9 +118,19 @@ def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model
             ids_t, pos_t = torch.tensor([tokens]), torch.tensor([positions])
             paged.prepare([tables[r] for r in rows], starts, lengths)
             flat.prepare(rows, starts, lengths)
+            groups.append(len(paged.step.decode_groups))
             got = model.hidden_states(ids_t, pos_t, paged)
             want = model.hidden_states(ids_t, pos_t, flat)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert groups == [0, 0, 2, 2]   # the 91-token sequence is not padded onto the short ones
+
+
+def test_split_by_length_cuts_where_padding_costs_more_than_a_call():
+    assert split_by_length([]) == []
+    assert split_by_length([5] * 10) == [(0, 10)]
+    assert split_by_length([1, 2, 3, 4]) == [(0, 4)]                  # saving under the 16-block call cost
+    assert split_by_length([1, 1, 2, 3, 10, 11, 12, 30, 31]) == [(0, 4), (4, 7), (7, 9)]
+    assert len(split_by_length(list(range(1, 200)), max_groups=4)) == 4
 
 
 def test_a_block_table_too_short_for_the_step_is_refused(model_dir):
