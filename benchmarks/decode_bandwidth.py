@@ -61,7 +61,8 @@ def main(argv=None):
     model = random_model(cfg, dtype)
     elem = torch.finfo(dtype).bits // 8
     weight_bytes = cfg.num_parameters * elem  # the tied head reads the whole embedding; the lookup one row
-    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_model_len=args.prompt + args.tokens + 8))
+    max_len = args.prompt + args.tokens + 8
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_model_len=max_len, num_kv_blocks=-(-max_len // 16)))
     engine.add_request(list(range(1, args.prompt + 1)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished():  # warm-up run
         engine.step()
