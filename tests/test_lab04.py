@@ -1,0 +1,72 @@
+"""Lab 04, KV memory: the classroom grader against the real lab.
+
+- the generated lab (labs/) fails: its three code TODOs are not implemented;
+- the solution (solutions/) passes every check, through the command line as an instructor runs it;
+- a learner who diagnoses the wrong limit and "fixes" the service with the wrong lever (a higher
+  max_num_seqs) fails the diagnosis and the verification: the checks tell right from wrong.
+
+`tests/test_labs.py` also runs labs/lab04_kv_memory.ipynb up to its stubs, and nbval re-runs the solution.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from nanoserve import grade
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "lab04_kv_memory.ipynb"
+LAB = ROOT / "labs" / "lab04_kv_memory.ipynb"
+CHECKS = ("measured", "diagnosis", "preemptions-quoted", "same-outputs", "no-preemptions", "throughput", "pool-size")
+
+
+@pytest.mark.slow
+def test_grading_lab04_unsolved_fails(tmp_path, capsys):
+    lab = tmp_path / LAB.name
+    shutil.copy(LAB, lab)  # a learner's copy, wherever it lives
+    assert grade.main([str(lab)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("not implemented: NotImplementedError: TODO:") == 3, out   # measure, diagnose, right lever
+    assert not re.search(r"PASS\s+(diagnosis|throughput|no-preemptions|same-outputs)\s", out), out
+
+
+@pytest.mark.slow
+def test_grading_lab04_solution_passes():
+    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(SOLUTION)],
+                          capture_output=True, text=True, cwd=ROOT)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for name in CHECKS:
+        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert f"{len(CHECKS)} passed, 0 failed" in out
+
+
+def _replace_in_cells(nb, old: str, new: str) -> None:
+    cells = [c for c in nb.cells if old in c.source]
+    assert len(cells) == 1, f"expected one cell of the solution to contain {old!r}, found {len(cells)}"
+    cells[0].source = cells[0].source.replace(old, new)
+
+
+@pytest.mark.slow
+def test_grading_lab04_wrong_diagnosis_and_wrong_lever_fail(tmp_path, capsys):
+    nb = nbformat.read(str(SOLUTION), as_version=4)
+    _replace_in_cells(nb, 'diagnosis = {"bound": "kv_memory", "evidence_s": measured["kv_memory"],',
+                      'diagnosis = {"bound": "max_num_seqs", "evidence_s": measured["max_num_seqs"],')
+    # the learner's "fix" is the wrong lever: the deployed pool, a higher concurrency cap
+    _replace_in_cells(nb, "### END SOLUTION\nfixed = LLM(MODEL, **FIXED)",
+                      "FIXED = dict(SERVICE, max_num_seqs=64)\n### END SOLUTION\nfixed = LLM(MODEL, **FIXED)")
+    path = tmp_path / "lab04_wrong.ipynb"
+    nbformat.write(nb, str(path))
+    assert grade.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"FAIL\s+diagnosis\s+bound=max_num_seqs but the measurement says kv_memory dominates", out), out
+    for name in ("no-preemptions", "throughput"):
+        assert re.search(rf"FAIL\s+{name}\s", out), out
+    for name in ("measured", "preemptions-quoted", "same-outputs"):   # preemption keeps the tokens right
+        assert re.search(rf"PASS\s+{name}\s", out), out
