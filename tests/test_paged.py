@@ -177,6 +177,9 @@ def test_preemption_under_a_small_pool_keeps_every_output(model_dir, reference, 
     for i in (0, 2, 5):
         assert got[i].outputs[0].token_ids == hf_greedy(reference, prompts[i], max_tokens[i])
     assert m["kv_blocks_free"] == m["kv_blocks_total"] == 12 and m["num_running"] == m["num_waiting"] == 0
+    # every prompt token and every fed-back output token counted once; the rest is recomputation
+    assert m["prefill_tokens"] == sum(lengths) and m["decode_tokens"] == sum(len(o.outputs[0].token_ids) - 1 for o in got)
+    assert m["recomputed_tokens"] > 0 and roomy.metrics()["recomputed_tokens"] == 0
 
 
 def test_chunked_prefill_lets_decodes_flow(model_dir, reference):

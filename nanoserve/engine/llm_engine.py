@@ -58,7 +58,9 @@ class LLMEngine:
                                    self.block_manager, eos, config.scheduling)
         self.runner = ModelRunner(model, self.kv_cache, config.seed)
         self._ids = itertools.count()
-        self.stats = dict(steps=0, prefill_tokens=0, decode_tokens=0, finished=0)
+        # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;
+        # recomputed: tokens computed again after a preemption freed their keys/values
+        self.stats = dict(steps=0, prefill_tokens=0, decode_tokens=0, recomputed_tokens=0, finished=0)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
         """Validate and queue one request; a bad one raises here and touches nothing else."""
@@ -89,12 +91,17 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        decodes = sum(n for s, n in batch if s.num_cached_tokens >= s.num_prompt_tokens)  # one token each
+        for seq, n in batch:
+            start, stop = seq.num_cached_tokens, seq.num_cached_tokens + n
+            again = max(0, min(stop, seq.num_computed_ever) - start)
+            first_prompt = max(0, min(stop, seq.num_prompt_tokens) - max(start, seq.num_computed_ever))
+            self.stats["recomputed_tokens"] += again
+            self.stats["prefill_tokens"] += first_prompt
+            self.stats["decode_tokens"] += n - again - first_prompt
+            seq.num_computed_ever = max(seq.num_computed_ever, stop)
         new_tokens = self.runner.run(batch)
         finished = self.scheduler.update(batch, new_tokens, time.perf_counter())
         self.stats["steps"] += 1
-        self.stats["decode_tokens"] += decodes
-        self.stats["prefill_tokens"] += sum(n for _, n in batch) - decodes
         self.stats["finished"] += len(finished)
         return finished
 
