@@ -1,0 +1,61 @@
+"""Lab 05, memory-bound kernels: the classroom grader against the real lab.
+
+- the generated lab (labs/) fails: its three code TODOs (measure, diagnose, right lever) are not implemented;
+- the solution (solutions/) passes every check, through the command line as an instructor runs it;
+- a learner who names the matmuls as the bound fails the diagnosis: the check reads their own profile.
+
+`tests/test_labs.py` also runs labs/lab05_memory_bound_kernels.ipynb up to its stubs, and nbval re-runs the solution.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from nanoserve import grade
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "lab05_memory_bound_kernels.ipynb"
+LAB = ROOT / "labs" / "lab05_memory_bound_kernels.ipynb"
+CHECKS = ("measured", "diagnosis", "same-outputs", "speedup", "fewer-ops", "bytes")
+
+
+@pytest.mark.slow
+def test_grading_lab05_unsolved_fails(tmp_path, capsys):
+    lab = tmp_path / LAB.name
+    shutil.copy(LAB, lab)  # a learner's copy, wherever it lives
+    assert grade.main([str(lab)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("not implemented: NotImplementedError: TODO:") == 3, out   # measure, diagnose, right lever
+    assert not re.search(r"PASS\s+(diagnosis|speedup|same-outputs|fewer-ops)\s", out), out
+
+
+@pytest.mark.slow
+def test_grading_lab05_solution_passes():
+    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(SOLUTION)],
+                          capture_output=True, text=True, cwd=ROOT)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for name in CHECKS:
+        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert f"{len(CHECKS)} passed, 0 failed" in out
+
+
+@pytest.mark.slow
+def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
+    nb = nbformat.read(str(SOLUTION), as_version=4)
+    old = 'diagnosis = {"bound": "memory-bound", "evidence_s": measured["memory-bound"]}'
+    cells = [c for c in nb.cells if old in c.source]
+    assert len(cells) == 1, f"expected one cell of the solution to contain {old!r}"
+    cells[0].source = cells[0].source.replace(old, 'diagnosis = {"bound": "matmul", "evidence_s": measured["matmul"]}')
+    lab = tmp_path / SOLUTION.name
+    nbformat.write(nb, str(lab))
+    assert grade.main([str(lab)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says memory-bound dominates", out), out
+    assert re.search(r"PASS\s+speedup\s", out), out
