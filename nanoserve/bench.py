@@ -102,6 +102,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[64, 16],
                     help="transformers is run at each; the best is the peer's number")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="each engine runs once per round, interleaved; each one's best round counts "
+                         "(a shared machine's noise hits both, not one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
     args = ap.parse_args(argv)
@@ -110,13 +113,19 @@ def main(argv=None) -> dict:
     reqs = make_workload(args.num_requests, args.prompt_len, args.output_len, vocab, args.seed)
     print(f"workload: {len(reqs)} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
           f"output {args.output_len[0]}-{args.output_len[1]} tokens, {sum(n for _, n in reqs)} output tokens")
-    ours = run_nanoserve(args.model, reqs, args.max_num_seqs)
-    print(f"nanoserve     : {ours['tokens_per_s']:8.1f} output tokens/s ({ours['wall_s']:.1f} s, {ours['steps']} steps)")
-    peers = []
-    for bs in args.hf_batch_sizes:
-        r = run_transformers(args.model, reqs, bs)
-        peers.append(r)
-        print(f"transformers  : {r['tokens_per_s']:8.1f} output tokens/s ({r['wall_s']:.1f} s, batch {bs})")
+    ours, peers = None, {}
+    for r in range(args.rounds):
+        run = run_nanoserve(args.model, reqs, args.max_num_seqs)
+        print(f"round {r + 1} nanoserve     : {run['tokens_per_s']:8.1f} output tokens/s ({run['wall_s']:.1f} s, "
+              f"{run['steps']} steps)")
+        ours = run if ours is None or run["tokens_per_s"] > ours["tokens_per_s"] else ours
+        for bs in args.hf_batch_sizes:
+            run = run_transformers(args.model, reqs, bs)
+            print(f"round {r + 1} transformers  : {run['tokens_per_s']:8.1f} output tokens/s ({run['wall_s']:.1f} s, "
+                  f"batch {bs})")
+            if bs not in peers or run["tokens_per_s"] > peers[bs]["tokens_per_s"]:
+                peers[bs] = run
+    peers = list(peers.values())
     best = max(peers, key=lambda r: r["tokens_per_s"])
     same = sum(a == b for a, b in zip(ours["outputs"], best["outputs"]))
     ratio = ours["tokens_per_s"] / best["tokens_per_s"]
@@ -126,7 +135,7 @@ def main(argv=None) -> dict:
         benchmark="offline", date=datetime.now(timezone.utc).isoformat(timespec="seconds"), nanoserve=__version__,
         machine=machine_info(), model=str(args.model), workload=dict(
             num_requests=len(reqs), prompt_len=list(args.prompt_len), output_len=list(args.output_len),
-            seed=args.seed, output_tokens=sum(n for _, n in reqs)),
+            seed=args.seed, output_tokens=sum(n for _, n in reqs), rounds=args.rounds),
         nanoserve_result={k: v for k, v in ours.items() if k != "outputs"} | dict(max_num_seqs=args.max_num_seqs),
         transformers_results=[{k: v for k, v in r.items() if k != "outputs"} for r in peers],
         ratio=round(ratio, 3), identical_outputs=same)
