@@ -11,14 +11,13 @@ so its weights must stream from DRAM every token. Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from nanoserve.bench import machine_info
+from nanoserve.bench import machine_info, save_record
 from nanoserve.engine import EngineConfig, LLMEngine
 from nanoserve.models import CausalLM, ModelConfig
 from nanoserve.perf import measure_ceilings, timeit
@@ -93,11 +92,7 @@ def main(argv=None):
                   parameters=cfg.num_parameters, bytes_per_token=bytes_per_token, median_step_s=step_s,
                   tokens_per_s=1 / step_s, achieved_bytes_per_s=achieved, copy_bytes_per_s=copy_bw,
                   read_bytes_per_s=read_bw, utilisation=round(achieved / peak, 3), steps=len(times))
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        f = args.save / f"decode_bandwidth-{args.dtype}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
-        f.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"saved {f}")
+    save_record(record, args.save, f"decode_bandwidth-{args.dtype}")
     return record
 
 

@@ -13,13 +13,12 @@ Needs a CUDA GPU: in Triton's interpreter (the CPU) kernel times mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from nanoserve.bench import machine_info
+from nanoserve.bench import machine_info, save_record
 from nanoserve.kernels import bench, cost
 
 
@@ -43,11 +42,7 @@ def main(argv=None):
     record = dict(benchmark="kernels", date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   machine=machine_info(), hardware_row=hw.name, dtype="bfloat16", workload=cost.WORKLOAD,
                   results=rows)
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        f = args.save / f"kernels-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
-        f.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"saved {f}")
+    save_record(record, args.save, "kernels")
     return record
 
 

@@ -78,6 +78,17 @@ def run_transformers(model_path: str, reqs, batch_size: int, dtype=torch.float32
                 decode_slots_computed=computed, outputs=outputs)
 
 
+def save_record(record: dict, directory: Path | None, name: str) -> Path | None:
+    """Write one run's record as benchmarks/results/<name>-<UTC time>.json (nothing when directory is None)."""
+    if not directory:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    f = directory / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+    f.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"saved {f}")
+    return f
+
+
 def machine_info() -> dict:
     import transformers
     cpu = platform.processor()
@@ -139,11 +150,7 @@ def main(argv=None) -> dict:
         nanoserve_result={k: v for k, v in ours.items() if k != "outputs"} | dict(max_num_seqs=args.max_num_seqs),
         transformers_results=[{k: v for k, v in r.items() if k != "outputs"} for r in peers],
         ratio=round(ratio, 3), identical_outputs=same)
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        f = args.save / f"offline-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
-        f.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"saved {f}")
+    save_record(record, args.save, "offline")
     return record
 
 

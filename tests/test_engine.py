@@ -1,42 +1,23 @@
 """Chapter 03: the continuous-batching engine behind LLM.generate."""
-import shutil
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from nanoserve import COURSE_MODEL, LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 
-VOCAB = 4096  # the course tokenizer's, so text prompts work too
+from tiny_models import VOCAB, hf_greedy, random_prompts, save_tiny_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("engine-model")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      eos_token_id=5)
-    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(d)
-    shutil.copy(f"{COURSE_MODEL}/tokenizer.json", d)
-    return d
+    return save_tiny_model(tmp_path_factory.mktemp("engine-model"), Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=5))
 
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_greedy(ref, prompt, n):
-    ids = torch.tensor([prompt])
-    out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def random_prompts(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(6, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 @pytest.mark.parametrize("max_num_seqs,budget", [(3, 40), (8, 2048), (2, 7)])

@@ -21,6 +21,8 @@ import pytest
 
 from nanoserve import grade, grading
 
+from lab_grading import assert_solution_passes, assert_unsolved_fails
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 FIXTURE_SOLUTION = TESTS / "fixtures" / "solutions" / "lab00_example.ipynb"
@@ -213,23 +215,12 @@ LAB03_CHECKS = ("measured", "diagnosis", "same-scores", "speedup", "busy-fractio
 
 @pytest.mark.slow
 def test_grading_lab03_unsolved_fails(tmp_path, capsys):
-    lab = tmp_path / LAB03.name
-    shutil.copy(LAB03, lab)
-    assert grade.main([str(lab)]) == 1
-    out = capsys.readouterr().out
-    assert out.count("not implemented: NotImplementedError: TODO:") == 3, out   # measure, diagnose, right lever
-    assert not re.search(r"PASS\s+(speedup|same-scores|diagnosis)\s", out), out
+    assert_unsolved_fails(LAB03, tmp_path, capsys, must_not_pass=("speedup", "same-scores", "diagnosis"))
 
 
 @pytest.mark.slow
 def test_grading_lab03_solution_passes():
-    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(LAB03_SOLUTION)],
-                          capture_output=True, text=True, cwd=ROOT)
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
-    for name in LAB03_CHECKS:
-        assert re.search(rf"PASS\s+{name}\s", out), out
-    assert f"{len(LAB03_CHECKS)} passed, 0 failed" in out
+    assert_solution_passes(LAB03_SOLUTION, LAB03_CHECKS)
 
 
 @pytest.mark.parametrize("diagnosis, passed, says", [

@@ -1,48 +1,32 @@
 """Chapter 04: the block manager, paged attention, prefix caching, preemption and chunked prefill."""
 import random
-import shutil
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from nanoserve import COURSE_MODEL, LLM, SamplingParams
-from nanoserve.engine import EngineConfig, LLMEngine, Sequence
+from nanoserve import LLM, SamplingParams
+from nanoserve.engine import LLMEngine, Sequence
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.kv_cache import KVCache
 from nanoserve.models import load
 from nanoserve.paged_kv_cache import PagedKVCache, split_by_length
 
-VOCAB = 4096
+from tiny_models import VOCAB, hf_greedy, random_prompts, save_tiny_model
+
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("paged-model")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=5)
-    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(d)
-    shutil.copy(f"{COURSE_MODEL}/tokenizer.json", d)
-    return d
+    return save_tiny_model(tmp_path_factory.mktemp("paged-model"), LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=5))
 
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_greedy(ref, prompt, n):
-    ids = torch.tensor([prompt])
-    out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def prompts_of(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(6, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 def seq_of(n_tokens, seq_id=0):
@@ -105,7 +89,7 @@ def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model
     ids = list(range(120))
     random.Random(0).shuffle(ids)
     tables = [ids[0:25], ids[25:50], ids[50:75], ids[75:100]]
-    prompts = prompts_of([13, 7, 22, 90])
+    prompts = random_prompts([13, 7, 22, 90])
     groups = []
     with torch.inference_mode():
         # prefill (one of them in two chunks), then two decode steps, on both caches
@@ -141,8 +125,8 @@ def test_a_block_table_too_short_for_the_step_is_refused(model_dir):
 
 # --- the engine ---------------------------------------------------------------------------------------
 def test_prefix_caching_skips_the_shared_prefill_and_keeps_outputs(model_dir, reference):
-    system = prompts_of([50], seed=1)[0]
-    questions = prompts_of([5, 9, 3], seed=2)
+    system = random_prompts([50], seed=1)[0]
+    questions = random_prompts([5, 9, 3], seed=2)
     prompts = [system + q for q in questions]
     llm = LLM(str(model_dir), block_size=16)
     first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
@@ -162,7 +146,7 @@ def test_prefix_caching_skips_the_shared_prefill_and_keeps_outputs(model_dir, re
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_preemption_under_a_small_pool_keeps_every_output(model_dir, reference, prefix_caching):
     lengths, max_tokens = [20, 35, 12, 28, 40, 9], [30, 12, 40, 25, 18, 33]
-    prompts = prompts_of(lengths, seed=3)
+    prompts = random_prompts(lengths, seed=3)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     params[1] = SamplingParams(temperature=0.8, top_k=50, max_tokens=12, ignore_eos=True, seed=7)  # seeded
     roomy = LLM(str(model_dir), block_size=8, max_num_seqs=6)
@@ -186,8 +170,8 @@ def test_chunked_prefill_lets_decodes_flow(model_dir, reference):
     """A long prompt arriving mid-run is prefilled in budget-sized chunks while the others keep decoding."""
     llm = LLM(str(model_dir), max_num_batched_tokens=32, max_num_seqs=4)
     engine: LLMEngine = llm.engine
-    short = prompts_of([6, 10], seed=4)
-    long = prompts_of([150], seed=5)[0]
+    short = random_prompts([6, 10], seed=4)
+    long = random_prompts([150], seed=5)[0]
     seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)) for p in short]
     engine.step()                                # both short prompts prefilled
     big = engine.add_request(long, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -226,7 +210,7 @@ def test_pool_sizing_and_its_errors(model_dir):
 
 def test_aborted_requests_give_their_blocks_back(model_dir):
     engine = LLM(str(model_dir), block_size=4).engine
-    seqs = [engine.add_request(p, GREEDY) for p in prompts_of([9, 17, 5])]
+    seqs = [engine.add_request(p, GREEDY) for p in random_prompts([9, 17, 5])]
     engine.step()
     engine.step()
     assert engine.block_manager.num_free < engine.block_manager.num_blocks
