@@ -209,6 +209,22 @@ def test_measure_ceilings_measures_and_caches(tmp_path, monkeypatch):
     assert len(calls) > n_calls
 
 
+def test_the_ceiling_cache_keeps_the_best_measurement(tmp_path, monkeypatch):
+    """A re-measurement on a busy machine returns its own numbers but does not lower the cached ceiling."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    flops, bw = iter([200e9, 80e9, 250e9]), iter([20e9, 9e9, 15e9])
+    monkeypatch.setattr(hardware, "_matmul_flops", lambda *a: next(flops))
+    monkeypatch.setattr(hardware, "_copy_bw", lambda *a: next(bw))
+    assert perf.measure_ceilings(device="cpu").fp32_flops == 200e9
+    busy = perf.measure_ceilings(force=True, device="cpu")
+    assert (busy.fp32_flops, busy.mem_bw) == (80e9, 9e9)
+    cached = perf.measure_ceilings(device="cpu")
+    assert (cached.fp32_flops, cached.mem_bw) == (200e9, 20e9)
+    perf.measure_ceilings(force=True, device="cpu")
+    cached = perf.measure_ceilings(device="cpu")
+    assert (cached.fp32_flops, cached.mem_bw) == (250e9, 20e9)
+
+
 # --- roofline ---------------------------------------------------------------------------------------
 
 TOY = perf.Hardware("toy", bf16_flops=100e12, fp32_flops=10e12, mem_bw=1e12, mem_bytes=16e9,

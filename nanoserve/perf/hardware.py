@@ -117,7 +117,9 @@ def measure_ceilings(force: bool = False, device: str | torch.device | None = No
 
     The best of a few runs is kept (a ceiling is what the machine can reach, not what it usually does).
     Results are cached per (host, CPU model, torch version, device) in ~/.cache/nanoserve/ceilings.json;
-    `force=True` measures again. Takes a few seconds on a 2-core CPU.
+    `force=True` measures again and returns what it measured now. The cache keeps the best ever seen:
+    a run on a busy machine can only under-measure a ceiling, and must not stick.
+    Takes a few seconds on a 2-core CPU.
     """
     dev = _device(device)
     key, path = _machine_key(dev), _cache_path()
@@ -141,8 +143,14 @@ def measure_ceilings(force: bool = False, device: str | torch.device | None = No
         name, mem = f"this machine ({dev.type})", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     row = Hardware(name, bf16, fp32, bw, mem, "n/a (measured)", None,
                    f"measured by nanoserve.perf.measure_ceilings on {key}")
+    best = asdict(row)
+    if key in cache:
+        for field in ("fp32_flops", "bf16_flops", "mem_bw"):
+            seen = cache[key].get(field)
+            if seen is not None and (best[field] is None or seen > best[field]):
+                best[field] = seen
     path.parent.mkdir(parents=True, exist_ok=True)
-    cache[key] = asdict(row)
+    cache[key] = best
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
