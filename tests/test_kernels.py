@@ -378,7 +378,8 @@ def test_model_logits_with_triton_kernels_match_torch(tiny_qwen3, monkeypatch):
             return fn(*args)
         monkeypatch.setattr(module, name, wrapper)
 
-    for module, name in [(norm, "rms_norm"), (activation, "silu_and_mul"), (rotary, "rotary_embedding")]:
+    for module, name in [(norm, "rms_norm"), (norm, "fused_add_rms_norm"), (activation, "silu_and_mul"),
+                         (rotary, "rotary_embedding")]:
         counted(module, name)
     with torch.inference_mode():
         monkeypatch.setenv("NANOSERVE_KERNELS", "torch")
@@ -386,8 +387,9 @@ def test_model_logits_with_triton_kernels_match_torch(tiny_qwen3, monkeypatch):
         assert calls == {}
         monkeypatch.setenv("NANOSERVE_KERNELS", "triton")
         got = model(ids)
-    # per layer: input, post-attention, q and k norms; one rotary; one MLP gate. Plus the final norm.
-    assert calls == {"rms_norm": 2 * 4 + 1, "rotary_embedding": 2, "silu_and_mul": 2}
+    # per layer: input, q and k norms; the post-attention norm fused with its residual add; one rotary;
+    # one MLP gate. Plus the final norm.
+    assert calls == {"rms_norm": 2 * 3 + 1, "fused_add_rms_norm": 2, "rotary_embedding": 2, "silu_and_mul": 2}
     assert expected.std() > 0.05
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 

@@ -21,8 +21,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache)
+        # x + attn, then its norm: one fused pass (add + RMSNorm) on the Triton backend (chapter 05)
+        h, x = self.post_attention_layernorm(attn, x)
+        return x + self.mlp(h)
 
 
 class DecoderModel(nn.Module):
