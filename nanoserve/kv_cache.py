@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.models.config import ModelConfig
+from nanoserve.models.layers import causal_mask
 
 
 @dataclass
@@ -84,10 +85,8 @@ class KVCache:
             ctx = int(lay.decode_context.max())
             keys = kc[lay.decode_slots, :ctx].transpose(1, 2)            # [D, kv_heads, ctx, d]
             vals = vc[lay.decode_slots, :ctx].transpose(1, 2)
-            pos = torch.arange(ctx, device=q.device)
-            mask = pos[None, :] < lay.decode_context[:, None]             # [D, ctx]
-            if self.sliding_window is not None:
-                mask &= pos[None, :] >= lay.decode_context[:, None] - self.sliding_window
+            pos = torch.arange(ctx, device=q.device)                      # each query sits at context - 1
+            mask = causal_mask(pos[None, :], lay.decode_context[:, None] - 1, self.sliding_window)  # [D, ctx]
             qd = q[lay.decode_tokens].unsqueeze(2)                        # [D, heads, 1, d]
             o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=mask[:, None, None, :], enable_gqa=True)
             out[lay.decode_tokens] = o.squeeze(2)
@@ -95,18 +94,19 @@ class KVCache:
             if n == 1:
                 continue
             a, b = lay.offsets[i], lay.offsets[i + 1]
-            ctx = start + n
             qs = q[a:b].transpose(0, 1)[None]                             # [1, heads, n, d]
-            keys = kc[slot, :ctx].transpose(0, 1)[None]                   # [1, kv_heads, ctx, d]
-            vals = vc[slot, :ctx].transpose(0, 1)[None]
-            if start == 0 and self.sliding_window is None:
-                o = F.scaled_dot_product_attention(qs, keys, vals, is_causal=True, enable_gqa=True)
-            else:  # query i sits at position start+i and sees keys 0..start+i (within the window)
-                qpos = torch.arange(start, ctx, device=q.device)[:, None]
-                kpos = torch.arange(ctx, device=q.device)[None, :]
-                mask = kpos <= qpos
-                if self.sliding_window is not None:
-                    mask &= kpos > qpos - self.sliding_window
-                o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, enable_gqa=True)
-            out[a:b] = o[0].transpose(0, 1)
+            keys = kc[slot, :start + n].transpose(0, 1)[None]             # [1, kv_heads, ctx, d]
+            vals = vc[slot, :start + n].transpose(0, 1)[None]
+            out[a:b] = prefill_attention(qs, keys, vals, start, self.sliding_window)[0].transpose(0, 1)
         return out[None]
+
+
+def prefill_attention(q, k, v, start: int, sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of n new queries at positions start..start+n-1 over keys 0..start+n-1
+    (a prefill, or a later chunk of one). q [B, heads, n, d]; k, v [B, kv_heads, start + n, d]."""
+    ctx = k.shape[2]
+    if start == 0 and sliding_window is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    mask = causal_mask(torch.arange(ctx, device=q.device)[None, :],
+                       torch.arange(start, ctx, device=q.device)[:, None], sliding_window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

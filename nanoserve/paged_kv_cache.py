@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nanoserve import kernels  # chapter 05: the Triton path of the same attention
+from nanoserve.kv_cache import KVCache, prefill_attention
 from nanoserve.models.config import ModelConfig
+from nanoserve.models.layers import causal_mask
 
 
 @dataclass
@@ -53,7 +56,7 @@ class PagedKVCache:
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype=torch.float32) -> int:
         """K and V of `block_size` positions in every layer."""
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+        return block_size * KVCache.bytes_per_token(cfg, dtype)
 
     @property
     def nbytes(self) -> int:
@@ -86,10 +89,7 @@ class PagedKVCache:
             rows = order[lo:hi]
             w = len(decode_tables[rows[-1]])
             pos = torch.arange(w * bs, device=dev)
-            ctx = context[rows]
-            mask = pos[None, :] < ctx[:, None]
-            if self.sliding_window is not None:
-                mask &= pos[None, :] >= ctx[:, None] - self.sliding_window
+            mask = causal_mask(pos[None, :], context[rows, None] - 1, self.sliding_window)  # query at context - 1
             groups.append(DecodeGroup(torch.tensor([decode_tokens[i] for i in rows], device=dev),
                                       tables[rows, :w].clamp(min=0).long(), mask[:, None, None, :]))
         self.step = PagedStep(torch.tensor(new_rows, device=dev), torch.tensor(decode_tokens, device=dev, dtype=torch.long),
@@ -100,7 +100,6 @@ class PagedKVCache:
         step = self.step
         if step is None:
             raise RuntimeError("PagedKVCache.prepare() must describe the step before the forward pass")
-        from nanoserve import kernels  # chapter 05; imported late so chapter 04 stands without it
         q, k, v = q[0], k[0], v[0]
         use_triton = kernels.use_triton(q)
         kc, vc = self.k[layer], self.v[layer]
@@ -157,17 +156,3 @@ def split_by_length(num_blocks: list[int], max_groups: int = 4, group_cost: int 
         lo, hi = runs.pop(r)
         runs[r:r] = [(lo, cut), (cut, hi)]
     return runs
-
-
-def prefill_attention(q, k, v, start: int, sliding_window: int | None = None) -> torch.Tensor:
-    """Causal attention of n new queries at positions start..start+n-1 over keys 0..start+n-1.
-    q [B, heads, n, d]; k, v [B, kv_heads, start + n, d]."""
-    n, ctx = q.shape[2], k.shape[2]
-    if start == 0 and sliding_window is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    qpos = torch.arange(start, ctx, device=q.device)[:, None]
-    kpos = torch.arange(ctx, device=q.device)[None, :]
-    mask = kpos <= qpos
-    if sliding_window is not None:
-        mask &= kpos > qpos - sliding_window
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

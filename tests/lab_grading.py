@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+
 from nanoserve import grade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,3 +35,17 @@ def assert_solution_passes(solution: Path, checks: tuple[str, ...]) -> str:
         assert re.search(rf"PASS\s+{name}\s", out), out
     assert f"{len(checks)} passed, 0 failed" in out
     return out
+
+
+def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path: Path, capsys) -> tuple[int, str]:
+    """Grade a copy of the solution with each `old` text (found in exactly one cell) replaced by `new`:
+    a learner who got one step wrong. Returns the grader's exit code and what it printed."""
+    nb = nbformat.read(str(solution), as_version=4)
+    for old, new in edits:
+        cells = [c for c in nb.cells if old in c.source]
+        assert len(cells) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(cells)}"
+        cells[0].source = cells[0].source.replace(old, new)
+    path = tmp_path / solution.name
+    nbformat.write(nb, str(path))
+    code = grade.main([str(path)])
+    return code, capsys.readouterr().out

@@ -12,12 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from nanoserve import grade
-
-from lab_grading import assert_solution_passes, assert_unsolved_fails
+from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edited_solution
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab04_kv_memory.ipynb"
@@ -35,24 +32,16 @@ def test_grading_lab04_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 
 
-def _replace_in_cells(nb, old: str, new: str) -> None:
-    cells = [c for c in nb.cells if old in c.source]
-    assert len(cells) == 1, f"expected one cell of the solution to contain {old!r}, found {len(cells)}"
-    cells[0].source = cells[0].source.replace(old, new)
-
-
 @pytest.mark.slow
 def test_grading_lab04_wrong_diagnosis_and_wrong_lever_fail(tmp_path, capsys):
-    nb = nbformat.read(str(SOLUTION), as_version=4)
-    _replace_in_cells(nb, 'diagnosis = {"bound": "kv_memory", "evidence_s": measured["kv_memory"],',
-                      'diagnosis = {"bound": "max_num_seqs", "evidence_s": measured["max_num_seqs"],')
-    # the learner's "fix" is the wrong lever: the deployed pool, a higher concurrency cap
-    _replace_in_cells(nb, "### END SOLUTION\nfixed = LLM(MODEL, **FIXED)",
-                      "FIXED = dict(SERVICE, max_num_seqs=64)\n### END SOLUTION\nfixed = LLM(MODEL, **FIXED)")
-    path = tmp_path / "lab04_wrong.ipynb"
-    nbformat.write(nb, str(path))
-    assert grade.main([str(path)]) == 1
-    out = capsys.readouterr().out
+    code, out = grade_edited_solution(SOLUTION, [
+        ('diagnosis = {"bound": "kv_memory", "evidence_s": measured["kv_memory"],',
+         'diagnosis = {"bound": "max_num_seqs", "evidence_s": measured["max_num_seqs"],'),
+        # the learner's "fix" is the wrong lever: the deployed pool, a higher concurrency cap
+        ("### END SOLUTION\nfixed = LLM(MODEL, **FIXED)",
+         "FIXED = dict(SERVICE, max_num_seqs=64)\n### END SOLUTION\nfixed = LLM(MODEL, **FIXED)"),
+    ], tmp_path, capsys)
+    assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=max_num_seqs but the measurement says kv_memory dominates", out), out
     for name in ("no-preemptions", "throughput"):
         assert re.search(rf"FAIL\s+{name}\s", out), out

@@ -92,16 +92,23 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def causal_mask(kpos: torch.Tensor, qpos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+    """True where a query at position qpos may attend a key at kpos: not in its future, and within the
+    sliding window when the model has one. Broadcasts: [Tq, 1] against [1, Tk] gives [Tq, Tk]."""
+    mask = kpos <= qpos
+    if sliding_window is not None:
+        mask &= kpos > qpos - sliding_window
+    return mask
+
+
 def causal_attention(q, k, v, sliding_window: int | None = None) -> torch.Tensor:
     """Attention without a cache: q [B, T, heads, d], k/v [B, T, kv_heads, d] -> [B, T, heads, d]."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if sliding_window is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     else:
-        T = q.shape[2]
-        i = torch.arange(T, device=q.device)
-        dist = i[:, None] - i[None, :]
-        mask = (dist >= 0) & (dist < sliding_window)
+        i = torch.arange(q.shape[2], device=q.device)
+        mask = causal_mask(i[None, :], i[:, None], sliding_window)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2)
 
