@@ -23,4 +23,4 @@ clean:
 
 # Grade a learner's lab: make grade NB=labs/lab03_data_pipeline.ipynb
 grade: setup
-	$(PY) -m nanoserve.grade $(NB)
+	$(PY) -m nanoserve.course.grade $(NB)

@@ -22,7 +22,7 @@ collect_ignore_glob = ["tests/fixtures/labs/*"]
 # Output keys nbval must not compare (on top of its own list: metadata, traceback, execution_count,
 # images, ...). nbval turns each stream output into {"output_type": "stream", <name>: text}, so a
 # stream's name is its key: "stderr" drops stderr whether a run has it or not. text/markdown is what
-# nanoserve.notebook.show() renders engine source as: an edit to the engine must not fail a chapter.
+# nanoserve.course.notebook.show() renders engine source as: an edit to the engine must not fail a chapter.
 NBVAL_SKIP_COMPARE = ("stderr", "text/html", "image/svg+xml", "text/markdown")
 
 NOTEBOOK_BUDGET_S = 90.0

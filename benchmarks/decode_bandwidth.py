@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from nanoserve.bench import machine_info, save_record
+from nanoserve.course.bench import machine_info, save_record
 from nanoserve.engine import EngineConfig, LLMEngine
 from nanoserve.models import CausalLM, ModelConfig
 from nanoserve.perf import measure_ceilings, timeit

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from nanoserve.bench import machine_info, save_record
+from nanoserve.course.bench import machine_info, save_record
 from nanoserve.kernels import bench, cost
 
 

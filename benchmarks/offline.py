@@ -1,8 +1,8 @@
-"""Offline throughput of nanoserve against transformers' batched generate (see nanoserve/bench.py).
+"""Offline throughput of nanoserve against transformers' batched generate (see nanoserve/course/bench.py).
 
     python benchmarks/offline.py            # same as: python -m nanoserve bench
 """
-from nanoserve.bench import main
+from nanoserve.course.bench import main
 
 if __name__ == "__main__":
     main()

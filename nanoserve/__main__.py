@@ -30,9 +30,14 @@ def generate(argv) -> None:
         print(f"--- {len(out.outputs[0].token_ids)} tokens, finish_reason={out.outputs[0].finish_reason}")
 
 
+def bench(argv) -> None:
+    from nanoserve.course.bench import main as run
+    run(argv)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"generate": generate, "bench": lambda a: __import__("nanoserve.bench").bench.main(a)}
+    commands = {"generate": generate, "bench": bench}
     if not argv or argv[0] not in commands:
         sys.exit(f"usage: python -m nanoserve {{{'|'.join(commands)}}} [options]  (-h after a command for its help)")
     commands[argv[0]](argv[1:])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from nanoserve import grade
+from nanoserve.course import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def assert_unsolved_fails(lab: Path, tmp_path: Path, capsys, must_not_pass: tupl
 
 def assert_solution_passes(solution: Path, checks: tuple[str, ...]) -> str:
     """Grade the solution through the command line, as an instructor runs it: every check passes."""
-    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(solution)],
+    done = subprocess.run([sys.executable, "-m", "nanoserve.course.grade", str(solution)],
                           capture_output=True, text=True, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr

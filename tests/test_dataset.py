@@ -1,4 +1,4 @@
-"""nanoserve.dataset: the corpus is deterministic, the store charges per request, and a document's
+"""nanoserve.course.dataset: the corpus is deterministic, the store charges per request, and a document's
 score does not depend on how much padding it got."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from nanoserve import COURSE_DRAFT_MODEL, dataset, models, tokenizer
+from nanoserve import COURSE_DRAFT_MODEL, models, tokenizer
+from nanoserve.course import dataset
 
 
 def test_make_corpus_is_deterministic_and_mixed(tmp_path):

@@ -5,7 +5,7 @@
   stop at its stub's NotImplementedError. Cells after the first TODO may fail (they use what the
   learner has not written yet) and are not judged. So: a lab author must put each stub before any use
   of names that earlier stubs would define, and the learner meets "TODO: ..." rather than a NameError.
-- `python -m nanoserve.grade` fails an unsolved lab and passes its solution.
+- `python -m nanoserve.course.grade` fails an unsolved lab and passes its solution.
 - conftest.py (repo root) and tests/nbval_sanitize.cfg: what nbval compares, and what it hides.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from nanoserve import grade, grading
+from nanoserve.course import grade, grading
 
 from lab_grading import assert_solution_passes, assert_unsolved_fails
 
@@ -73,7 +73,7 @@ def test_grading_an_unsolved_lab_fails(tmp_path, capsys):
 
 def test_grading_the_solution_passes():
     """Through the command line, as an instructor runs it."""
-    done = subprocess.run([sys.executable, "-m", "nanoserve.grade", str(FIXTURE_SOLUTION)],
+    done = subprocess.run([sys.executable, "-m", "nanoserve.course.grade", str(FIXTURE_SOLUTION)],
                           capture_output=True, text=True, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr

@@ -287,7 +287,7 @@ def test_plot_roofline_draws_roof_and_points():
 # --- notebook helper --------------------------------------------------------------------------------
 
 def test_show_prints_source_with_relative_path(capsys):
-    from nanoserve.notebook import show, source
+    from nanoserve.course.notebook import show, source
     path, text = source(perf.timeit)
     assert path == "nanoserve/perf/timing.py" and text.startswith("def timeit(")
     show(perf.roofline)

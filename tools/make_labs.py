@@ -29,7 +29,7 @@ becomes
         raise NotImplementedError("TODO: time the data step and the compute step separately")
 
 and the cell is tagged `raises-exception` (nbval and nbclient then expect its error; the grader,
-`python -m nanoserve.grade`, counts it as a failed "not implemented" check).
+`python -m nanoserve.course.grade`, counts it as a failed "not implemented" check).
 
 Markdown cells (a written diagnosis, a reflection) use the same markers. The hint is an HTML comment
 line `<!-- ... -->` at the start of the region, invisible in the rendered solution; the region becomes

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]   # shown paths start at nanoserve/
 
 
 def source(obj) -> tuple[str, str]:
@@ -20,7 +20,7 @@ def source(obj) -> tuple[str, str]:
     except (TypeError, OSError) as e:
         raise TypeError(f"show() needs a Python function, class or module with source on disk, got {obj!r}") from e
     try:
-        path = path.relative_to(_PACKAGE_ROOT)
+        path = path.relative_to(_REPO_ROOT)
     except ValueError:
         path = Path(path.name)  # outside nanoserve: never print an absolute path
     return path.as_posix(), text

@@ -1,11 +1,11 @@
 """Checks inside lab notebooks, printed as PASS/FAIL lines that the classroom grader collects.
 
-    from nanoserve import grading
+    from nanoserve.course import grading
     grading.check("speedup", after_s < before_s / 2, f"{before_s:.3f} s -> {after_s:.3f} s")
     grading.check_diagnosis(diagnosis, measured)     # the Diagnose step of every lab
 
 A check never raises: a failed check prints a FAIL line and the notebook runs on, so one run of
-`python -m nanoserve.grade notebook.ipynb` reports every check of a lab, not just the first failure.
+`python -m nanoserve.course.grade notebook.ipynb` reports every check of a lab, not just the first failure.
 Each check prints exactly one line, `PASS <name>: <detail>` or `FAIL <name>: <detail>`; the grader
 reads those lines back from the executed notebook's outputs (see `parse_line`).
 

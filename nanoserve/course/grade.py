@@ -1,13 +1,13 @@
 """Grade a learner's lab notebook: run it top to bottom and print every check as pass or fail.
 
-    python -m nanoserve.grade labs/lab03_data_pipeline.ipynb [--timeout 120] [--save executed.ipynb]
+    python -m nanoserve.course.grade labs/lab03_data_pipeline.ipynb [--timeout 120] [--save executed.ipynb]
 
 The notebook runs in a fresh kernel of this Python environment (the one that has nanoserve), in the
 notebook's own folder, with errors allowed so that one broken cell does not hide the later checks.
 Stored outputs are discarded first: only what this run prints counts.
 
 What is counted:
-  - every `PASS name: detail` / `FAIL name: detail` line that `nanoserve.grading.check` printed;
+  - every `PASS name: detail` / `FAIL name: detail` line that `nanoserve.course.grading.check` printed;
   - an error in a TODO cell (tagged `raises-exception` by tools/make_labs.py) is a failed check,
     "not implemented" when it is the stub's NotImplementedError;
   - an error in any other cell is a failed check too (a lab must run to the end).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import nbformat
 
-from nanoserve.grading import CheckResult, parse_line
+from nanoserve.course.grading import CheckResult, parse_line
 
 TODO_TAG = "raises-exception"   # the tag tools/make_labs.py puts on every cell with a stub
 CURRENT_ENV_KERNEL = "nanoserve-current-env"
@@ -150,7 +150,7 @@ def format_report(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nanoserve.grade", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nanoserve.course.grade", description=__doc__.split("\n")[0])
     parser.add_argument("notebook", help="the learner's lab notebook (.ipynb)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per cell (default 120)")
     parser.add_argument("--save", metavar="PATH", help="also write the executed notebook here")
