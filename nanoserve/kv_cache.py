@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from nanoserve.attention import decode_attention, kv_bytes_per_token, prefill_attention
 from nanoserve.models.config import ModelConfig
-from nanoserve.models.layers import causal_mask
 
 
 @dataclass
@@ -41,10 +40,7 @@ class KVCache:
         self.sliding_window = cfg.sliding_window
         self.layout: StepLayout | None = None
 
-    @staticmethod
-    def bytes_per_token(cfg: ModelConfig, dtype=torch.float32) -> int:
-        """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+    bytes_per_token = staticmethod(kv_bytes_per_token)   # 2 (K and V) x layers x kv_heads x head_dim x bytes
 
     @property
     def nbytes(self) -> int:
@@ -85,11 +81,8 @@ class KVCache:
             ctx = int(lay.decode_context.max())
             keys = kc[lay.decode_slots, :ctx].transpose(1, 2)            # [D, kv_heads, ctx, d]
             vals = vc[lay.decode_slots, :ctx].transpose(1, 2)
-            pos = torch.arange(ctx, device=q.device)                      # each query sits at context - 1
-            mask = causal_mask(pos[None, :], lay.decode_context[:, None] - 1, self.sliding_window)  # [D, ctx]
-            qd = q[lay.decode_tokens].unsqueeze(2)                        # [D, heads, 1, d]
-            o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=mask[:, None, None, :], enable_gqa=True)
-            out[lay.decode_tokens] = o.squeeze(2)
+            out[lay.decode_tokens] = decode_attention(q[lay.decode_tokens], keys, vals, lay.decode_context,
+                                                      self.sliding_window)
         for i, (slot, start, n) in enumerate(zip(lay.slots, lay.starts, lay.lengths)):
             if n == 1:
                 continue
@@ -100,13 +93,3 @@ class KVCache:
             out[a:b] = prefill_attention(qs, keys, vals, start, self.sliding_window)[0].transpose(0, 1)
         return out[None]
 
-
-def prefill_attention(q, k, v, start: int, sliding_window: int | None = None) -> torch.Tensor:
-    """Causal attention of n new queries at positions start..start+n-1 over keys 0..start+n-1
-    (a prefill, or a later chunk of one). q [B, heads, n, d]; k, v [B, kv_heads, start + n, d]."""
-    ctx = k.shape[2]
-    if start == 0 and sliding_window is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    mask = causal_mask(torch.arange(ctx, device=q.device)[None, :],
-                       torch.arange(start, ctx, device=q.device)[:, None], sliding_window)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

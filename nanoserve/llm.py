@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from nanoserve import models, tokenizer as tokenizer_mod
 from nanoserve.engine import EngineConfig, LLMEngine, Sequence
-from nanoserve.paged_kv_cache import PagedKVCache
+from nanoserve.attention import PagedKVCache
 from nanoserve.perf import device as resolve_device
 from nanoserve.sampling import SamplingParams
 

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from nanoserve import COURSE_MODEL, kernels
-from nanoserve.kernels import activation, flash_attention, norm, paged_attention, rotary, row_softmax
+from nanoserve.kernels import activation, cpu_attention, flash_attention, norm, paged_attention, rotary, row_softmax
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -53,17 +53,21 @@ def assert_close(got, expected, dtype, what):
 # --- the dispatcher -----------------------------------------------------------------------------
 
 def test_backend_reads_the_environment(monkeypatch):
+    auto = "triton" if torch.cuda.is_available() else ("cpu" if cpu_attention.available() else "torch")
     monkeypatch.setenv("NANOSERVE_KERNELS", "torch")
-    assert kernels.backend() == "torch" and not kernels.use_triton(torch.zeros(1))
+    assert kernels.backend() == "torch" and kernels.select().name == "torch"
     monkeypatch.setenv("NANOSERVE_KERNELS", "triton")
-    assert kernels.backend() == "triton" and kernels.use_triton(torch.zeros(1, device=DEV))
+    assert kernels.backend() == "triton" and kernels.select(device=DEV).silu_and_mul is activation.silu_and_mul
     monkeypatch.setenv("NANOSERVE_KERNELS", "auto")
-    assert kernels.backend() == ("triton" if torch.cuda.is_available() else "torch")
+    assert kernels.backend() == auto
     monkeypatch.delenv("NANOSERVE_KERNELS")
-    assert kernels.backend() == ("triton" if torch.cuda.is_available() else "torch")
+    assert kernels.backend() == auto
+    assert kernels.backend("torch") == "torch"                 # an argument wins over the environment
     monkeypatch.setenv("NANOSERVE_KERNELS", "cuda")
     with pytest.raises(ValueError, match="NANOSERVE_KERNELS"):
         kernels.backend()
+    with pytest.raises(ValueError, match="backend='gpu'"):
+        kernels.backend("gpu")
 
 
 def test_interpreter_is_on_exactly_when_there_is_no_cuda():
@@ -71,11 +75,17 @@ def test_interpreter_is_on_exactly_when_there_is_no_cuda():
 
 
 @pytest.mark.parametrize("name", ["torch", "triton"])
-def test_dispatched_op_equals_the_module_function(name, monkeypatch):
-    monkeypatch.setenv("NANOSERVE_KERNELS", name)
+def test_selected_op_is_the_module_function(name):
+    ops = kernels.select(name, DEV)
     gate, up = randn(3, 50, seed=1), randn(3, 50, seed=2)
     expected = (activation.silu_and_mul if name == "triton" else activation.silu_and_mul_ref)(gate, up)
-    assert torch.equal(kernels.silu_and_mul(gate, up), expected)
+    assert ops.name == name and torch.equal(ops.silu_and_mul(gate, up), expected)
+
+
+def test_the_backend_is_read_once_not_per_call(monkeypatch):
+    ops = kernels.select("torch")
+    monkeypatch.setenv("NANOSERVE_KERNELS", "triton")     # changing the environment later changes nothing
+    assert ops.silu_and_mul is activation.silu_and_mul_ref
 
 
 WITHOUT_TRITON = """
@@ -91,9 +101,9 @@ import torch
 import nanoserve  # the engine imports the kernels package: it must load
 from nanoserve import kernels
 from nanoserve.kernels import activation
-assert not kernels.HAVE_TRITON and kernels.backend() == "torch"
+assert not kernels.HAVE_TRITON and kernels.backend() in ("torch", "cpu")
 g, u = torch.randn(10), torch.randn(10)
-assert torch.equal(kernels.silu_and_mul(g, u), torch.nn.functional.silu(g) * u)
+assert torch.equal(kernels.select().silu_and_mul(g, u), torch.nn.functional.silu(g) * u)
 try:
     activation.silu_and_mul(g, u)
     raise SystemExit("launching a kernel without Triton did not fail")
@@ -294,6 +304,73 @@ def test_paged_decode_reads_only_the_sequences_blocks(window):
                                atol=ATTENTION_ATOL[torch.float32], rtol=0)
 
 
+# --- the C kernel: paged attention on the CPU, in place --------------------------------------------
+
+needs_cc = pytest.mark.skipif(not cpu_attention.available(), reason="no C compiler: the C kernel is not built")
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(PAGED_CASES)))
+def test_cpu_paged_attention_decodes(dtype, case):
+    lens, H, Hk, D, block_size, window = PAGED_CASES[case]
+    k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, dtype, seed=20 + case)
+    q = randn(len(lens), H, D, dtype=torch.float32, seed=30 + case).cpu()
+    seq, pos = torch.arange(len(lens), dtype=torch.int32), (ctx - 1).int().cpu()
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), seq, pos, D ** -0.5, window)
+    by_hand = decode_attention_by_hand(q, keys, values, D ** -0.5, window)
+    torch.testing.assert_close(got, by_hand, atol=1e-5, rtol=0)   # fp32 maths either way (bf16 KV read exactly)
+
+
+@needs_cc
+def test_cpu_paged_attention_reads_only_the_sequences_blocks():
+    lens, H, Hk, D, block_size = [3, 21, 10], 6, 3, 24, 4
+    k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, torch.float32, 40, poison=True)
+    q = randn(len(lens), H, D, seed=41).cpu()
+    seq, pos = torch.arange(3, dtype=torch.int32), (ctx - 1).int().cpu()
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), seq, pos, D ** -0.5)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, decode_attention_by_hand(q, keys, values, D ** -0.5, None), atol=1e-5, rtol=0)
+
+
+@needs_cc
+def test_cpu_paged_attention_queries_at_any_position():
+    """Each query token attends up to its own position: the rows of a prefill chunk, causal, in place."""
+    lens, H, Hk, D, bs = [40], 4, 2, 16, 8
+    k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, bs, torch.float32, seed=45)
+    q = randn(40, H, D, seed=46).cpu()
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), torch.zeros(40, dtype=torch.int32),
+                                        torch.arange(40, dtype=torch.int32), D ** -0.5)
+    want = prefill_by_hand(q.transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), 0, D ** -0.5,
+                           None).transpose(0, 1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@needs_cc
+def test_cpu_paged_attention_names_the_bad_input():
+    k = torch.zeros(4, 4, 2, 16)
+    seq = pos = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="int32"):
+        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k, k, torch.zeros(2, 1, dtype=torch.long), seq, pos, 1.0)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k.half(), k.half(), torch.zeros(2, 1, dtype=torch.int32),
+                                      seq, pos, 1.0)
+    with pytest.raises(ValueError, match="5 heads over 2 kv heads"):
+        cpu_attention.paged_attention(torch.zeros(2, 5, 16), k, k, torch.zeros(2, 1, dtype=torch.int32), seq, pos, 1.0)
+
+
+def test_no_compiler_means_the_torch_backend(tmp_path):
+    """Without a C compiler, auto falls back to the references and says why "cpu" cannot be had."""
+    code = ("import os; os.environ['PATH'] = ''; os.environ['CC'] = '/nonexistent/cc'\n"
+            "from nanoserve import kernels\n"
+            "assert kernels.backend() in ('torch', 'triton'), kernels.backend()\n"
+            "try:\n    kernels.backend('cpu')\nexcept RuntimeError as e:\n    print(e)\n")
+    env = dict(os.environ, NANOSERVE_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cannot be built" in run.stdout
+
+
 def test_paged_decode_names_the_bad_tensor():
     k_cache = torch.zeros(4, 4, 2, 16, device=DEV)
     q = torch.zeros(2, 6, 16, device=DEV)
@@ -382,11 +459,9 @@ def test_model_logits_with_triton_kernels_match_torch(tiny_qwen3, monkeypatch):
                          (rotary, "rotary_embedding")]:
         counted(module, name)
     with torch.inference_mode():
-        monkeypatch.setenv("NANOSERVE_KERNELS", "torch")
-        expected = model(ids)
+        expected = model(ids)                   # a loaded model runs the references until told otherwise
         assert calls == {}
-        monkeypatch.setenv("NANOSERVE_KERNELS", "triton")
-        got = model(ids)
+        got = model.use_kernels(kernels.select("triton", DEV))(ids)
     # per layer: input, q and k norms; the post-attention norm fused with its residual add; one rotary;
     # one MLP gate. Plus the final norm.
     assert calls == {"rms_norm": 2 * 3 + 1, "fused_add_rms_norm": 2, "rotary_embedding": 2, "silu_and_mul": 2}

@@ -10,7 +10,8 @@ from nanoserve.engine import LLMEngine, Sequence
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.kv_cache import KVCache
 from nanoserve.models import load
-from nanoserve.paged_kv_cache import PagedKVCache, split_by_length
+from nanoserve import kernels
+from nanoserve.attention import PagedAttention, PagedKVCache, split_by_length
 
 from tiny_models import VOCAB, hf_greedy, random_prompts, save_tiny_model
 
@@ -78,13 +79,16 @@ def test_prefix_blocks_are_shared_and_evicted_least_recently_freed_first():
 
 
 # --- paged attention ----------------------------------------------------------------------------------
-def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model_dir):
-    """Blocks in a shuffled order (holes in the pool) give the same attention as chapter 02's cache,
-    with decodes of very different lengths attended in separate length groups."""
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model_dir, backend):
+    """Blocks in a shuffled order (holes in the pool) give the same attention as chapter 02's cache:
+    the torch path with decodes of very different lengths in separate length groups, the C kernel in place."""
+    if backend == "cpu" and kernels.backend("auto") != "cpu":
+        pytest.skip("no C compiler here: the C kernel is not built")
     model = load(str(model_dir))
     cfg = model.config
     bs = 4
-    paged = PagedKVCache(cfg, num_blocks=120, block_size=bs)
+    paged = PagedAttention(PagedKVCache(cfg, num_blocks=120, block_size=bs), cfg, kernels.select(backend))
     flat = KVCache(cfg, num_slots=4, max_len=100)
     ids = list(range(120))
     random.Random(0).shuffle(ids)
@@ -102,11 +106,26 @@ def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model
             ids_t, pos_t = torch.tensor([tokens]), torch.tensor([positions])
             paged.prepare([tables[r] for r in rows], starts, lengths)
             flat.prepare(rows, starts, lengths)
-            groups.append(len(paged.step.decode_groups))
+            assert paged.metadata.positions.tolist() == positions
             got = model.hidden_states(ids_t, pos_t, paged)
+            groups.append(len(paged.metadata.scratch.get("decode_groups", [])))
             want = model.hidden_states(ids_t, pos_t, flat)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert groups == [0, 0, 2, 2]   # the 91-token sequence is not padded onto the short ones
+    # the 91-token sequence is not padded onto the short ones (torch); the C kernel needs no groups
+    assert groups == ([0, 0, 2, 2] if backend == "torch" else [0, 0, 0, 0])
+
+
+def test_step_metadata_rows_and_tables_from_tensor_ops():
+    """Cache rows, positions and padded block tables of a mixed step, against the arithmetic by hand."""
+    from nanoserve.attention import StepInputs
+    ids, meta = StepInputs(block_size=4).build([[7, 8, 9], [5], [1, 2]], [0, 6, 9], [[3], [9, 2], [0, 5, 4]])
+    assert ids.tolist() == [[7, 8, 9, 5, 1, 2]]
+    assert meta.positions.tolist() == [0, 1, 2, 6, 9, 10]
+    assert meta.slot_mapping.tolist() == [12, 13, 14, 2 * 4 + 2, 4 * 4 + 1, 4 * 4 + 2]
+    assert meta.block_tables.tolist() == [[3, -1, -1], [9, 2, -1], [0, 5, 4]]
+    assert meta.context_lens.tolist() == [3, 7, 11]
+    assert meta.decode_seqs.tolist() == [1] and meta.decode_tokens.tolist() == [3]
+    assert meta.prefills == [(0, 0, 3, 0), (2, 4, 2, 9)] and meta.last_tokens == [2, 3, 5]
 
 
 def test_split_by_length_cuts_where_padding_costs_more_than_a_call():
@@ -118,9 +137,10 @@ def test_split_by_length_cuts_where_padding_costs_more_than_a_call():
 
 
 def test_a_block_table_too_short_for_the_step_is_refused(model_dir):
-    cache = PagedKVCache(load(str(model_dir)).config, num_blocks=4, block_size=4)
+    cfg = load(str(model_dir)).config
+    attention = PagedAttention(PagedKVCache(cfg, num_blocks=4, block_size=4), cfg)
     with pytest.raises(ValueError, match="covers 4 positions; the step needs 6"):
-        cache.prepare([[2]], [0], [6])
+        attention.prepare([[2]], [0], [6])
 
 
 # --- the engine ---------------------------------------------------------------------------------------

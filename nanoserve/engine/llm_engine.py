@@ -14,7 +14,6 @@ from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler
 from nanoserve.engine.sequence import Sequence
-from nanoserve.paged_kv_cache import PagedKVCache
 from nanoserve.models import CausalLM
 from nanoserve.sampling import SamplingParams
 from nanoserve.tokenizer import Tokenizer
@@ -51,12 +50,12 @@ class LLMEngine:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         param = next(model.parameters())
         self.device = param.device
-        self.kv_cache = PagedKVCache(model.config, config.num_kv_blocks, config.block_size, param.device, param.dtype)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
                                    self.block_manager, eos, config.scheduling)
-        self.runner = ModelRunner(model, self.kv_cache, config.seed)
+        self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed)  # owns the KV pool
+        self.kv_cache = self.runner.kv_cache
         self._ids = itertools.count()
         # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;
         # recomputed: tokens computed again after a preemption freed their keys/values

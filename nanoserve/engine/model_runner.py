@@ -1,39 +1,45 @@
-"""Chapter 03: run one scheduled step on the model. Flatten the batch, prepare the cache, forward, sample."""
+"""Chapter 03: run one scheduled step on the model. Build the step's inputs, forward, sample.
+
+The runner owns what the model reads besides its weights: the KV block pool (chapter 04) and the
+attention layer over it, with the kernels chosen once for this engine (chapter 05). Each step's
+metadata is built once, with tensor ops on the device (`attention.StepInputs`), and shared by every layer.
+"""
 from __future__ import annotations
 
 import torch
 
+from nanoserve import kernels
+from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
-from nanoserve.paged_kv_cache import PagedKVCache
 from nanoserve.models import CausalLM
 from nanoserve.sampling import sample
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: PagedKVCache, seed: int = 0):
-        self.model, self.kv_cache = model, kv_cache
-        self.device = next(model.parameters()).device
+    def __init__(self, model: CausalLM, num_kv_blocks: int, block_size: int, seed: int = 0,
+                 kernel_backend: str | None = None):
+        param = next(model.parameters())
+        self.model, self.device = model, param.device
+        self.ops = kernels.select(kernel_backend, self.device)   # once: NANOSERVE_KERNELS or the argument
+        model.use_kernels(self.ops)
+        self.kv_cache = PagedKVCache(model.config, num_kv_blocks, block_size, param.device, param.dtype)
+        self.attention = PagedAttention(self.kv_cache, model.config, self.ops)
+        self.inputs = StepInputs(block_size, self.device)
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> dict[int, int]:
+    def run(self, batch: list[tuple[Sequence, int]]) -> dict:
         """Forward the batch's new tokens; return {seq_id: sampled token} for sequences that reached their end."""
-        ids, positions, sample_rows, sampled_seqs = [], [], [], []
-        for seq, n in batch:
-            start = seq.num_cached_tokens
-            ids.extend(seq.token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            if start + n == seq.num_tokens:      # all its known tokens are in: its next token can be drawn
-                sample_rows.append(len(ids) - 1)
-                sampled_seqs.append(seq)
-        self.kv_cache.prepare([s.block_table for s, _ in batch], [s.num_cached_tokens for s, _ in batch],
-                              [n for _, n in batch])
-        ids_t = torch.tensor([ids], device=self.device)
-        pos_t = torch.tensor([positions], device=self.device)
-        hidden = self.model.hidden_states(ids_t, pos_t, self.kv_cache)[0]
-        if not sampled_seqs:
+        ids, meta = self.inputs.build([s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n] for s, n in batch],
+                                      [s.num_cached_tokens for s, _ in batch], [s.block_table for s, _ in batch])
+        self.attention.metadata = meta
+        hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
+        # a sequence samples once all its known tokens are in (a prompt chunk that stops short does not)
+        sampled = [(i, s) for i, (s, n) in enumerate(batch) if s.num_cached_tokens + n == s.num_tokens]
+        if not sampled:
             return {}
-        logits = self.model.lm_head(hidden[sample_rows]).float()  # the head only where we sample
-        tokens = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs],
+        last_rows = [meta.last_tokens[i] for i, _ in sampled]
+        logits = self.model.lm_head(hidden[last_rows]).float()  # the head only where we sample
+        tokens = sample(logits, [s.params for _, s in sampled], [s.generator for _, s in sampled],
                         self.generator).tolist()
-        return {s.seq_id: t for s, t in zip(sampled_seqs, tokens)}
+        return {s.seq_id: t for (_, s), t in zip(sampled, tokens)}

@@ -1,8 +1,8 @@
-"""Chapter 05: Triton kernels for the memory-bound parts of a decoder, each beside its PyTorch reference.
+"""Chapter 05: kernels for the memory-bound parts of a decoder, each beside its PyTorch reference.
 
     from nanoserve import kernels
-    kernels.backend()                       # "triton" or "torch", from NANOSERVE_KERNELS=auto|torch|triton
-    out = kernels.silu_and_mul(gate, up)    # the Triton kernel or the reference, whichever backend() says
+    ops = kernels.select()                  # once per engine: NANOSERVE_KERNELS=auto|torch|cpu|triton
+    out = ops.silu_and_mul(gate, up)        # the chosen implementation, no per-call decision
 
 | module              | op                                   | reference                    |
 | ------------------- | ------------------------------------ | ---------------------------- |
@@ -10,108 +10,122 @@
 | `norm`              | `rms_norm`, `fused_add_rms_norm`     | `rms_norm_ref`, ...`_ref`    |
 | `activation`        | `silu_and_mul`                       | `silu_and_mul_ref`           |
 | `rotary`            | `rotary_embedding` (in place)        | `rotary_embedding_ref`       |
-| `paged_attention`   | `paged_decode_attention`             | `paged_decode_attention_ref` |
+| `paged_attention`   | `paged_decode_attention` (Triton)    | `paged_decode_attention_ref` |
+| `cpu_attention`     | `paged_attention` (C, on the CPU)    | `paged_decode_attention_ref` |
 | `flash_attention`   | `flash_prefill`                      | `flash_prefill_ref`          |
 
-Inside each module the plain name is the Triton kernel's launcher and `<name>_ref` the PyTorch
-reference; the functions of this package pick one of the two per call. `cost` counts each kernel's
-FLOPs and bytes for the roofline; `bench` times them on a GPU (`benchmarks/kernels.py`).
+Inside each module the plain name is the kernel's launcher and `<name>_ref` the PyTorch reference.
+`select()` returns a `KernelSet`: the functions of one backend, bound once. The backends:
 
-Where torch sees no CUDA device, Triton can only run its interpreter (`TRITON_INTERPRET=1`: every
-program of the grid is run in Python with NumPy, for correctness, not speed). `@triton.jit` reads
-that variable when a kernel is *defined*, i.e. when the kernel modules are imported, so it is set
-here, before they are imported, unless the environment already says otherwise.
+- "torch": every op is its PyTorch reference (paged attention gathers the blocks it reads);
+- "cpu": the references, except decode attention, which is the C kernel that reads the blocks in place;
+- "triton": the Triton kernels (compiled on a GPU; on a CPU, run by Triton's interpreter: slow, exact).
+
+`auto` means triton on CUDA, cpu elsewhere (torch where no C compiler is found). `cost` counts each
+kernel's FLOPs and bytes for the roofline; `bench` times them on a GPU (`benchmarks/kernels.py`).
+
+Where torch sees no CUDA device, Triton can only run its interpreter. `@triton.jit` decides between
+compiling and interpreting when a kernel is *defined*, and the interpreter checks again at launch,
+from Triton's `interpret` setting: `_triton` sets it when it imports Triton, leaving the process
+environment as it was.
 """
 from __future__ import annotations
 
-import functools
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from nanoserve.kernels import activation, cpu_attention, flash_attention, norm, paged_attention, rotary, row_softmax
+from nanoserve.kernels._triton import HAVE_TRITON
 
-from nanoserve.kernels import activation, flash_attention, norm, paged_attention, rotary, row_softmax  # noqa: E402
-from nanoserve.kernels._triton import HAVE_TRITON  # noqa: E402
-
-BACKENDS = ("auto", "torch", "triton")
-
-
-@functools.cache
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 def interpreting() -> bool:
-    """True when Triton kernels run in the interpreter (on the CPU) instead of compiled for a GPU."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    """True when the Triton kernels were defined for the interpreter (no CUDA) instead of a GPU."""
+    return HAVE_TRITON and type(norm._rms_norm_kernel).__name__ == "InterpretedFunction"
 
 
-def backend() -> str:
-    """"triton" or "torch": `NANOSERVE_KERNELS` (auto | torch | triton), auto meaning triton when CUDA is present.
+def backend(choice: str | None = None) -> str:
+    """"torch", "cpu" or "triton", from `choice` or else `NANOSERVE_KERNELS` (auto | torch | cpu | triton).
 
+    auto: triton when CUDA is present, else cpu when the C kernel builds here, else torch.
     Forcing "triton" on a CPU runs the kernels in Triton's interpreter: slow, but the same code.
     """
-    choice = os.environ.get("NANOSERVE_KERNELS", "auto").strip().lower() or "auto"
-    if choice not in BACKENDS:
-        raise ValueError(f"NANOSERVE_KERNELS={os.environ['NANOSERVE_KERNELS']!r} is not valid: "
-                         f"expected one of {', '.join(BACKENDS)}")
-    if choice == "auto":
-        return "triton" if HAVE_TRITON and _cuda_available() else "torch"
-    if choice == "triton" and not HAVE_TRITON:
-        raise RuntimeError("NANOSERVE_KERNELS=triton but Triton is not installed on this machine")
-    return choice
+    source = "backend" if choice is not None else "NANOSERVE_KERNELS"
+    name = (choice if choice is not None else os.environ.get("NANOSERVE_KERNELS", "auto")).strip().lower() or "auto"
+    if name not in BACKENDS:
+        raise ValueError(f"{source}={name!r} is not valid: expected one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        if HAVE_TRITON and torch.cuda.is_available():
+            return "triton"
+        return "cpu" if cpu_attention.available() else "torch"
+    if name == "triton" and not HAVE_TRITON:
+        raise RuntimeError(f"{source}=triton but Triton is not installed on this machine")
+    if name == "cpu" and not cpu_attention.available():
+        raise RuntimeError(f"{source}=cpu but the C kernel cannot be built: {cpu_attention.unavailable_reason()}")
+    return name
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether an op on tensor `x` should run the Triton kernel (else the PyTorch reference)."""
-    if backend() != "triton":
-        return False
-    if x.device.type == "cuda" or interpreting():
-        return True
-    if os.environ.get("NANOSERVE_KERNELS", "auto").strip().lower() == "auto":
-        return False  # auto on a GPU machine with this tensor on the CPU: the reference is the right tool
-    raise RuntimeError(f"NANOSERVE_KERNELS=triton but the tensor is on {x.device} and Triton compiles for CUDA "
-                       "here; set TRITON_INTERPRET=1 before importing nanoserve to run the kernels on the CPU")
+@dataclass(frozen=True)
+class KernelSet:
+    """The ops of one backend. A model and its attention layer call these and nothing else."""
+    name: str
+    rms_norm: Callable
+    fused_add_rms_norm: Callable
+    silu_and_mul: Callable
+    rotary_embedding: Callable           # in place on q and k; returns (q, k)
+    softmax: Callable
+    paged_decode_attention: Callable     # (q, k_cache, v_cache, block_tables, context_lens, scale, window)
+    flash_prefill: Callable              # (q, k, v, q_offset, scale, window)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension of a 2-D tensor."""
-    return (row_softmax.softmax if use_triton(x) else row_softmax.softmax_ref)(x)
+def _cpu_decode(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+    """Decode attention through the C kernel: query i is sequence i's, at position context_lens[i] - 1."""
+    B = q.shape[0]
+    seq = torch.arange(B, dtype=torch.int32)
+    return cpu_attention.paged_attention(q, k_cache, v_cache, block_tables.contiguous(), seq,
+                                         (context_lens - 1).to(torch.int32), scale, sliding_window)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) * weight over the last dimension (statistics in fp32)."""
-    return (norm.rms_norm if use_triton(x) else norm.rms_norm_ref)(x, weight, eps)
+def _reference_ops() -> dict:
+    return dict(rms_norm=norm.rms_norm_ref, fused_add_rms_norm=norm.fused_add_rms_norm_ref,
+                silu_and_mul=activation.silu_and_mul_ref, rotary_embedding=rotary.rotary_embedding_ref,
+                softmax=row_softmax.softmax_ref, paged_decode_attention=paged_attention.paged_decode_attention_ref,
+                flash_prefill=flash_attention.flash_prefill_ref)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-    """(rms_norm(x + residual), x + residual) in one pass over memory."""
-    return (norm.fused_add_rms_norm if use_triton(x) else norm.fused_add_rms_norm_ref)(x, residual, weight, eps)
+def _triton_ops() -> dict:
+    return dict(rms_norm=norm.rms_norm, fused_add_rms_norm=norm.fused_add_rms_norm,
+                silu_and_mul=activation.silu_and_mul, rotary_embedding=rotary.rotary_embedding,
+                softmax=row_softmax.softmax, paged_decode_attention=paged_attention.paged_decode_attention,
+                flash_prefill=flash_attention.flash_prefill)
 
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, SwiGLU's gate."""
-    return (activation.silu_and_mul if use_triton(gate) else activation.silu_and_mul_ref)(gate, up)
+def select(choice: str | None = None, device: torch.device | str | None = None) -> KernelSet:
+    """The KernelSet for `choice` (or NANOSERVE_KERNELS). Called once, by whoever builds the engine.
+
+    device: where the model runs. The C kernel is for CPU tensors, so "auto" with a CUDA device never
+    picks it; Triton on a CPU tensor needs the interpreter, which is on exactly when there is no CUDA.
+    """
+    name = backend(choice)
+    dev = torch.device(device) if device is not None else None
+    if name == "triton" and dev is not None and dev.type == "cpu" and not interpreting():
+        raise RuntimeError("backend triton for a model on the CPU: this machine has CUDA, so the kernels were "
+                           "compiled for the GPU; use the torch or cpu backend, or run the model on cuda")
+    if name == "cpu" and dev is not None and dev.type != "cpu":
+        name = "torch" if choice is None and "NANOSERVE_KERNELS" not in os.environ else name
+        if name == "cpu":
+            raise RuntimeError(f"backend cpu (the C kernel) for a model on {dev}: it reads CPU memory only")
+    if name == "triton":
+        return KernelSet("triton", **_triton_ops())
+    if name == "cpu":
+        return KernelSet("cpu", **(_reference_ops() | dict(paged_decode_attention=_cpu_decode)))
+    return KernelSet("torch", **_reference_ops())
 
 
-def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotate q [..., heads, d] and k [..., kv_heads, d] in place by cos/sin [..., d]; returns (q, k)."""
-    return (rotary.rotary_embedding if use_triton(q) else rotary.rotary_embedding_ref)(q, k, cos, sin)
+REFERENCE = KernelSet("torch", **_reference_ops())   # what a model uses until an engine selects its backend
 
-
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
-    """One decode query per sequence attending to its keys in the paged cache (see `paged_attention`)."""
-    fn = paged_attention.paged_decode_attention if use_triton(q) else paged_attention.paged_decode_attention_ref
-    return fn(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-
-
-def flash_prefill(q, k, v, q_offset, scale, sliding_window=None):
-    """Causal attention of Tq new queries over Tk = q_offset + Tq keys (see `flash_attention`)."""
-    fn = flash_attention.flash_prefill if use_triton(q) else flash_attention.flash_prefill_ref
-    return fn(q, k, v, q_offset, scale, sliding_window)
-
-
-__all__ = ["backend", "use_triton", "interpreting", "HAVE_TRITON", "softmax", "rms_norm", "fused_add_rms_norm",
-           "silu_and_mul", "rotary_embedding", "paged_decode_attention", "flash_prefill"]
+__all__ = ["backend", "select", "KernelSet", "REFERENCE", "interpreting", "HAVE_TRITON", "BACKENDS"]

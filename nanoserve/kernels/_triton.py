@@ -6,8 +6,33 @@ definitions load, and any attempt to launch one says what is missing.
 """
 from __future__ import annotations
 
+import os
+
+import torch
+
+
+def _import_triton():
+    """Import Triton; where torch sees no GPU, with its interpreter on and os.environ left unchanged.
+
+    `@triton.jit` picks compile or interpret when a kernel is defined (Triton's own helpers are
+    defined when triton is imported), and the interpreter checks the setting again at launch. The
+    setting is read from TRITON_INTERPRET unless set in `triton.knobs`; setting the knob keeps it
+    for this process, so the variable is put back as it was (child processes do not inherit it).
+    """
+    if torch.cuda.is_available() or "TRITON_INTERPRET" in os.environ:
+        import triton
+        return triton
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        triton.knobs.runtime.interpret = True
+    finally:
+        os.environ.pop("TRITON_INTERPRET", None)
+    return triton
+
+
 try:
-    import triton
+    triton = _import_triton()
     import triton.language as tl
 
     HAVE_TRITON = True

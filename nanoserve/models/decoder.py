@@ -59,6 +59,13 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def use_kernels(self, ops) -> "CausalLM":
+        """Run the norms, gate, rotary (and attention through a cache) with `ops`, a kernels.KernelSet."""
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
+        return self
+
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, kv_cache=None):
         """The final-norm hidden states [B, T, hidden]; the engine applies the head only where it samples."""
         if input_ids.dim() != 2:

@@ -3,19 +3,20 @@
 Each part computes exactly what transformers computes, in the same order and precision
 (norms in fp32, rotary tables in fp32), so logits match to rounding.
 
-Chapter 05: when `nanoserve.kernels.backend()` is "triton" (by default on CUDA; NANOSERVE_KERNELS
-forces it), RMSNorm, the SwiGLU gate and the rotary embedding run as Triton kernels that round where
-the PyTorch code rounds. Otherwise the PyTorch code below runs, unchanged.
+Chapter 05: the norms, the SwiGLU gate and the rotary embedding call `self.ops`, a
+`nanoserve.kernels.KernelSet`: the PyTorch references until an engine picks its backend once
+(`CausalLM.use_kernels`), e.g. the Triton kernels on CUDA, which round where the references round.
+Attention itself is `nanoserve.attention`: without a cache here, through the cache the caller hands in.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nanoserve import kernels
+from nanoserve.attention import causal_attention
 from nanoserve.models.config import ModelConfig
 
 
@@ -30,22 +31,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = kernels.REFERENCE   # kernels.norm.rms_norm_ref: x.float() * rsqrt(mean(x^2) + eps), then * weight
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if kernels.use_triton(x):
-            if residual is None:
-                return kernels.norm.rms_norm(x, self.weight, self.eps)
-            return kernels.norm.fused_add_rms_norm(x, residual, self.weight, self.eps)
-        if residual is not None:
-            x = residual = x + residual
-            return self._norm(x), residual
-        return self._norm(x)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -92,27 +83,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def causal_mask(kpos: torch.Tensor, qpos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
-    """True where a query at position qpos may attend a key at kpos: not in its future, and within the
-    sliding window when the model has one. Broadcasts: [Tq, 1] against [1, Tk] gives [Tq, Tk]."""
-    mask = kpos <= qpos
-    if sliding_window is not None:
-        mask &= kpos > qpos - sliding_window
-    return mask
-
-
-def causal_attention(q, k, v, sliding_window: int | None = None) -> torch.Tensor:
-    """Attention without a cache: q [B, T, heads, d], k/v [B, T, kv_heads, d] -> [B, T, heads, d]."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if sliding_window is None:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    else:
-        i = torch.arange(q.shape[2], device=q.device)
-        mask = causal_mask(i[None, :], i[:, None], sliding_window)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    return out.transpose(1, 2)
-
-
 class Attention(nn.Module):
     """Grouped-query attention: `num_attention_heads` query heads share `num_key_value_heads` k/v heads."""
 
@@ -130,6 +100,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.ops = kernels.REFERENCE
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -138,10 +109,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if kernels.use_triton(q):  # rotates q and k in place, one kernel for both
-            kernels.rotary.rotary_embedding(q, k, cos, sin)
-        else:
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.ops.rotary_embedding(q, k, cos, sin)   # in place, q and k in one call (one kernel on Triton)
         if kv_cache is None:
             out = causal_attention(q, k, v, self.sliding_window)
         else:  # the cache stores this step's k/v and attends over everything the sequence has seen
@@ -157,9 +125,8 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.ops = kernels.REFERENCE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        if kernels.use_triton(gate):  # one pass instead of silu's write and read-back
-            return self.down_proj(kernels.activation.silu_and_mul(gate, up))
-        return self.down_proj(F.silu(gate) * up)
+        # silu(gate) * up; one pass instead of silu's write and read-back with the Triton kernel
+        return self.down_proj(self.ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
