@@ -51,7 +51,7 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
                  scheduling: str = "continuous"):
-        from nanoserve import COURSE_MODEL
+        from nanoserve.models.shipped import COURSE_MODEL
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
         self.model = models.load(path, device=dev, dtype=dtype)

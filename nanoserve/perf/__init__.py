@@ -1,17 +1,47 @@
-"""Measuring: device choice, timing, peak memory, hardware ceilings and the roofline."""
-from nanoserve.perf.device import device, sync
-from nanoserve.perf.hardware import HARDWARE, Hardware, measure_ceilings
-from nanoserve.perf.memory import ChildPeak, PeakMemory, child_peak_rss, device_peak_bytes, peak_memory, peak_rss_bytes
-from nanoserve.perf.profile import OpStat, Profile, profile, region
-from nanoserve.perf.roofline import Roofline, plot_roofline, roofline
-from nanoserve.perf.timing import Timing, format_seconds, timeit
-from nanoserve.perf.trace import Event
+"""Measuring: device choice, timing, peak memory, hardware ceilings, the roofline and the profiler.
 
-__all__ = [
-    "device", "sync",
-    "Timing", "timeit", "format_seconds",
-    "peak_rss_bytes", "child_peak_rss", "device_peak_bytes", "peak_memory", "ChildPeak", "PeakMemory",
-    "HARDWARE", "Hardware", "measure_ceilings",
-    "Roofline", "roofline", "plot_roofline",
-    "profile", "region", "Profile", "OpStat", "Event",
-]
+The engine needs only `device` and `sync`, so only they load with `import nanoserve`; every other name
+here loads its module on first use (PEP 562).
+"""
+import importlib
+import sys
+import types
+
+from nanoserve.perf.device import device, sync
+
+_LAZY = {   # name -> the module of nanoserve.perf that defines it
+    "HARDWARE": "hardware", "Hardware": "hardware", "measure_ceilings": "hardware",
+    "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
+    "peak_memory": "memory", "peak_rss_bytes": "memory",
+    "OpStat": "profile", "Profile": "profile", "profile": "profile", "region": "profile",
+    "Roofline": "roofline", "plot_roofline": "roofline", "roofline": "roofline",
+    "Timing": "timing", "format_seconds": "timing", "timeit": "timing",
+    "Event": "trace",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    # perf.profile and perf.roofline are functions that share their module's name. Importing a submodule
+    # sets it as an attribute of its package, which would hide the function; here the function wins.
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
+            return   # perf.<name> stays (or becomes, through __getattr__) the function
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+__all__ = ["device", "sync", *_LAZY]

@@ -274,17 +274,46 @@ class Profile:
     def __repr__(self) -> str:
         return f"<Profile {self.device}: wall {self.wall_s:.4g} s, busy {self.busy_fraction:.1%}, {len(self.events)} events>"
 
+    def timeline(self) -> list[tuple[str, dict[str, list[tuple[float, float]]]]]:
+        """Rows of the timeline, top to bottom: (label, {category: merged (start_s, end_s) spans}).
+
+        First what the wall time went to (the breakdown, instant by instant), then every host thread's
+        labelled regions and every device lane's work, and the compute thread's operators."""
+        lanes: dict[str, dict[str, list[tuple[float, float]]]] = {}
+        for e in self.events:
+            if e.kind == "region":
+                label = f"regions, {e.lane}"
+            elif e.kind == "device":
+                label = f"device, {e.lane}"
+            elif e.lane == self.compute_lane:
+                label = "ops, compute thread" if self.device == "cpu" else f"host ops, {e.lane}"
+            else:
+                continue
+            lanes.setdefault(label, {}).setdefault(e.category, []).append((e.start_s, e.end_s))
+        rows = [(label, {c: _union(spans) for c, spans in cats.items()}) for label, cats in sorted(lanes.items())]
+        return [("wall time went to", dict(self._segments))] + rows
+
+    # Plots take the numbers they draw from here; profile_plots never imports this module.
     def plot_timeline(self, ax=None):
         from nanoserve.perf.profile_plots import plot_timeline
-        return plot_timeline(self, ax=ax)
+        return plot_timeline(self.timeline(), self.window, self.busy_fraction, ax=ax)
 
     def plot_breakdown(self, ax=None):
         from nanoserve.perf.profile_plots import plot_breakdown
-        return plot_breakdown(self, ax=ax)
+        return plot_breakdown(self.breakdown(), self.wall_s, ax=ax)
 
     def plot_roofline(self, n: int = 8, hardware=None, dtype: str | None = None, ax=None):
+        """The top operators that have a FLOP count, on the roofline of `hardware` (default: measured here)."""
+        from nanoserve.perf.hardware import measure_ceilings
         from nanoserve.perf.profile_plots import plot_top_ops_roofline
-        return plot_top_ops_roofline(self, n=n, hardware=hardware, dtype=dtype, ax=ax)
+
+        stats = [s for s in self.top_ops(n=n, hardware=hardware, dtype=dtype) if s.intensity is not None]
+        if not stats:
+            raise ValueError("no operator in this profile has a FLOP count (torch.utils.flop_counter knows "
+                             "matmuls, convolutions and attention): nothing to place on a roofline")
+        hw = hardware or measure_ceilings(device="cpu" if self.device == "cpu" else None)
+        dtype = dtype or ("fp32" if self.device == "cpu" or hw.bf16_flops is None else "bf16")
+        return plot_top_ops_roofline(stats, hw, dtype, ax=ax)
 
     def export_chrome_trace(self, path) -> str:
         """Write the trace as Chrome trace JSON (open it in https://ui.perfetto.dev or chrome://tracing).
