@@ -5,6 +5,11 @@ ignore_eos (every request produces exactly its output length), fixed seed. Both 
 process, one after the other, and we report output tokens per second and the ratio.
 
     python -m nanoserve bench [--num-requests 64] [--prompt-len 16 256] [--output-len 16 256]
+    python -m nanoserve bench --model qwen2.5-0.5b --num-requests 16    # a real-shape model, random weights
+    python -m nanoserve bench --device cuda                              # both engines on the GPU
+
+--model is a model directory or the name of a shipped public config (`models.real_shape_configs()`),
+whose random-weight model is written to a temporary directory that both engines load.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import json
 import os
 import platform
 import random
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,9 +36,9 @@ def make_workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, in
     return reqs
 
 
-def run_nanoserve(model_path: str, reqs, max_num_seqs: int, dtype: str = "float32") -> dict:
+def run_nanoserve(model_path: str, reqs, max_num_seqs: int, dtype: str = "float32", device: str = "cpu") -> dict:
     from nanoserve import LLM, SamplingParams
-    llm = LLM(model_path, device="cpu", dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)
+    llm = LLM(model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048)
     warm = reqs[:2]
     llm.generate([p for p, _ in warm], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
@@ -45,20 +51,20 @@ def run_nanoserve(model_path: str, reqs, max_num_seqs: int, dtype: str = "float3
                 outputs=[o.outputs[0].token_ids for o in outs])
 
 
-def run_transformers(model_path: str, reqs, batch_size: int, dtype=torch.float32) -> dict:
+def run_transformers(model_path: str, reqs, batch_size: int, dtype=torch.float32, device: str = "cpu") -> dict:
     """transformers' generate, batched: left-padded prompts, its KV cache, greedy, one call per batch.
 
     A batch runs until its longest request is done (generate has one max_new_tokens per call);
     only each request's own tokens count as output.
     """
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
     pad = 0
 
     def batch_generate(batch):
         width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=max(n for _, n in batch),
                              min_new_tokens=max(n for _, n in batch), do_sample=False, pad_token_id=pad,
                              eos_token_id=None)
@@ -89,6 +95,17 @@ def save_record(record: dict, directory: Path | None, name: str) -> Path | None:
     return f
 
 
+def model_name(path: str) -> str:
+    """How a record names the model: "COURSE_MODEL" (or "COURSE_DRAFT_MODEL"), a shipped config's name,
+    or the directory's last component; never a path of the machine that ran it."""
+    from nanoserve.models.shipped import COURSE_DRAFT_MODEL, COURSE_MODEL, real_shape_configs
+
+    named = {os.path.realpath(COURSE_MODEL): "COURSE_MODEL", os.path.realpath(COURSE_DRAFT_MODEL): "COURSE_DRAFT_MODEL"}
+    if str(path) in real_shape_configs():
+        return str(path)
+    return named.get(os.path.realpath(path), os.path.basename(os.path.normpath(path)))
+
+
 def machine_info() -> dict:
     import transformers
     cpu = platform.processor()
@@ -102,11 +119,15 @@ def machine_info() -> dict:
 
 
 def main(argv=None) -> dict:
-    from nanoserve import COURSE_MODEL, __version__
-    from nanoserve.models import ModelConfig
+    from nanoserve import COURSE_MODEL
+    from nanoserve.models import real_shape_configs, save_random_model
     ap = argparse.ArgumentParser(prog="nanoserve bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=COURSE_MODEL)
+    ap.add_argument("--model", default=COURSE_MODEL,
+                    help=f"model directory, or a shipped config ({', '.join(real_shape_configs())}) with random "
+                         "weights (default: the course model)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both engines run (default cpu)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both engines' dtype")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
@@ -119,19 +140,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
     args = ap.parse_args(argv)
+    if args.model in real_shape_configs():
+        with tempfile.TemporaryDirectory(prefix=f"nanoserve-{args.model}-") as tmp:
+            print(f"model: {args.model} (published config, random weights, seed {args.seed}), written to {tmp}")
+            save_random_model(args.model, tmp, seed=args.seed)
+            return compare(args, tmp)
+    return compare(args, args.model)
 
-    vocab = ModelConfig.from_path(args.model).vocab_size
+
+def compare(args, path: str) -> dict:
+    """Both engines on `args`' workload over the model directory `path`; prints and saves the record."""
+    from nanoserve import __version__
+    from nanoserve.models import ModelConfig
+    vocab = ModelConfig.from_path(path).vocab_size
     reqs = make_workload(args.num_requests, args.prompt_len, args.output_len, vocab, args.seed)
     print(f"workload: {len(reqs)} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
           f"output {args.output_len[0]}-{args.output_len[1]} tokens, {sum(n for _, n in reqs)} output tokens")
     ours, peers = None, {}
     for r in range(args.rounds):
-        run = run_nanoserve(args.model, reqs, args.max_num_seqs)
+        run = run_nanoserve(path, reqs, args.max_num_seqs, args.dtype, args.device)
         print(f"round {r + 1} nanoserve     : {run['tokens_per_s']:8.1f} output tokens/s ({run['wall_s']:.1f} s, "
               f"{run['steps']} steps)")
         ours = run if ours is None or run["tokens_per_s"] > ours["tokens_per_s"] else ours
         for bs in args.hf_batch_sizes:
-            run = run_transformers(args.model, reqs, bs)
+            run = run_transformers(path, reqs, bs, getattr(torch, args.dtype), args.device)
             print(f"round {r + 1} transformers  : {run['tokens_per_s']:8.1f} output tokens/s ({run['wall_s']:.1f} s, "
                   f"batch {bs})")
             if bs not in peers or run["tokens_per_s"] > peers[bs]["tokens_per_s"]:
@@ -144,7 +176,7 @@ def main(argv=None) -> dict:
           f"identical greedy outputs: {same}/{len(reqs)}")
     record = dict(
         benchmark="offline", date=datetime.now(timezone.utc).isoformat(timespec="seconds"), nanoserve=__version__,
-        machine=machine_info(), model=str(args.model), workload=dict(
+        machine=machine_info(), model=model_name(args.model), device=args.device, dtype=args.dtype, workload=dict(
             num_requests=len(reqs), prompt_len=list(args.prompt_len), output_len=list(args.output_len),
             seed=args.seed, output_tokens=sum(n for _, n in reqs), rounds=args.rounds),
         nanoserve_result={k: v for k, v in ours.items() if k != "outputs"} | dict(max_num_seqs=args.max_num_seqs),
