@@ -22,17 +22,15 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
 _lib = None
 _error: str | None = None
-_pool: ThreadPoolExecutor | None = None
 
 
 def _cache_dir() -> Path:
@@ -67,6 +65,9 @@ def _build() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:   # a compiler without OpenMP (Apple clang): the same kernel on one thread
+            flags = [f for f in FLAGS if f != "-fopenmp"]
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {done.stderr.strip()[:500]}")
         os.replace(tmp, target)   # atomic: concurrent builds (parallel tests) never load half a file
@@ -129,21 +130,6 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_pos, sca
     fn = lib.paged_attention_bf16 if k_cache.dtype == torch.bfloat16 else lib.paged_attention_f32
     args = [t.data_ptr() for t in (qf, k_cache, v_cache, block_tables, token_seq, token_pos, out)]
     args += [heads, kv_heads, d, block_size, block_tables.shape[1], sliding_window or 0, scale]
-    _run_split(fn, args, N * kv_heads)
+    with torch.profiler.record_function("nanoserve::cpu_paged_attention"):   # so traces show where the time went
+        fn(*args, 0, N * kv_heads)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
-
-
-def _run_split(fn, args, items: int) -> None:
-    """Split the work items over torch's thread count; ctypes releases the GIL during each call."""
-    global _pool
-    threads = min(torch.get_num_threads(), max(1, items // 8))
-    if threads <= 1:
-        fn(*args, 0, items)
-        return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nanoserve-attn")
-    cuts = [items * i // threads for i in range(threads + 1)]
-    futures = [_pool.submit(fn, *args, lo, hi) for lo, hi in zip(cuts[1:-1], cuts[2:])]
-    fn(*args, cuts[0], cuts[1])     # this thread takes the first share
-    for f in futures:
-        f.result()

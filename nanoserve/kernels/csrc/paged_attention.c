@@ -10,8 +10,10 @@
  * the new running max, rescale what was accumulated, add the chunk. A chunk of scores in a small
  * array lets the compiler vectorise the exponentials.
  *
- * Work items are (token, kv head) pairs; [begin, end) lets the caller split them across threads.
- * Built by nanoserve/kernels/cpu_attention.py with the machine's C compiler, loaded with ctypes.
+ * Work items are (token, kv head) pairs, shared by OpenMP threads. Built by
+ * nanoserve/kernels/cpu_attention.py with the machine's C compiler and loaded with ctypes after torch,
+ * so that libgomp.so.1 resolves to torch's own copy: one thread pool, sized by torch.set_num_threads,
+ * instead of a second pool whose threads would fight torch's spinning ones for the cores.
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,9 +37,10 @@ static inline __attribute__((always_inline)) void attend(
         int64_t block_size, int64_t table_width, int64_t window, float scale, int64_t begin, int64_t end,
         int bf16) {
     const int64_t group = heads / kv_heads;
-    float qs[MAX_GROUP][MAX_D], acc[MAX_GROUP][MAX_D], scores[MAX_GROUP][CHUNK];
-    float m[MAX_GROUP], l[MAX_GROUP];
+    #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t item = begin; item < end; item++) {
+        float qs[MAX_GROUP][MAX_D], acc[MAX_GROUP][MAX_D], scores[MAX_GROUP][CHUNK];
+        float m[MAX_GROUP], l[MAX_GROUP];
         const int64_t t = item / kv_heads, g = item % kv_heads;
         const int32_t *table = block_tables + (int64_t)seq[t] * table_width;
         const int64_t last = pos[t];
