@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test labs bench grade clean
+.PHONY: setup lab test labs bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -17,6 +17,10 @@ labs: setup
 
 bench: setup
 	$(PY) -m nanoserve bench
+
+# On a machine with CUDA: gpu tests and GPU benchmarks, under 8 minutes, into benchmarks/results/gpu-<time>/
+gpu-check: setup
+	$(PY) tools/gpu_check.py
 
 clean:
 	rm -rf .venv .pytest_cache

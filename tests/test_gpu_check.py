@@ -1,0 +1,62 @@
+"""tools/gpu_check.py (`make gpu-check`): refuses without CUDA, and on a GPU runs each step under its limit.
+
+The GPU path is exercised here with stand-in steps (quick Python commands) and a pretend device."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+
+
+def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--results", str(tmp_path)]) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line_exits_non_zero_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        return   # this machine has a GPU: `make gpu-check` would really run
+    done = subprocess.run([sys.executable, "tools/gpu_check.py", "--results", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "sees no CUDA device" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_steps_it_runs_exist():
+    for name, cmd, limit in gpu_check.steps(Path("out")):
+        scripts = [c for c in cmd if c.endswith(".py")]
+        assert all((ROOT / s).is_file() for s in scripts), name
+        assert 0 < limit <= gpu_check.BUDGET_S
+    assert sum(limit for *_, limit in gpu_check.steps(Path("out"))) <= gpu_check.BUDGET_S
+
+
+def test_steps_run_under_their_limits_and_results_are_written(tmp_path, monkeypatch):
+    py = sys.executable
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "machine_info", lambda torch: {"gpus": [{"name": "pretend GPU"}], "torch": "x",
+                                                                   "cuda": "y"})
+    monkeypatch.setattr(gpu_check, "MIN_STEP_S", 0.5)
+    monkeypatch.setattr(gpu_check, "steps", lambda out: [
+        ("passes", [py, "-c", "print('fine')"], 30),
+        ("fails", [py, "-c", "raise SystemExit(3)"], 30),
+        ("hangs", [py, "-c", "import time; time.sleep(60)"], 30),   # stopped where the budget ends
+        ("late", [py, "-c", "print('never')"], 30)])
+    assert gpu_check.main(["--results", str(tmp_path), "--budget", "4"]) == 1
+    (out,) = tmp_path.iterdir()
+    assert out.name.startswith("gpu-") and out.name.endswith("Z")
+    summary = json.loads((out / "summary.json").read_text())
+    by_step = {s["step"]: s for s in summary["steps"]}
+    assert by_step["passes"]["returncode"] == 0 and "fine" in (out / "passes.log").read_text()
+    assert by_step["hangs"]["timed_out"] and by_step["hangs"]["seconds"] < 10
+    assert by_step["fails"]["returncode"] == 3
+    assert "skipped" in by_step["late"]   # the budget ran out before it
+    assert json.loads((out / "machine.json").read_text())["gpus"][0]["name"] == "pretend GPU"

@@ -1,0 +1,131 @@
+"""Record the GPU evidence in one command: `make gpu-check` (or `python tools/gpu_check.py`).
+
+On a machine with CUDA it runs, one after the other, each under its own time limit so that the whole run
+stays under 8 minutes:
+  1. every `gpu`-marked test (`pytest tests -m gpu`), as JUnit XML;
+  2. the Triton kernel benchmark (benchmarks/kernels.py);
+  3. the offline benchmark against transformers (`python -m nanoserve bench --device cuda`);
+  4. batch-1 decode bandwidth on a real-shape model (benchmarks/decode_bandwidth.py --device cuda).
+Everything goes to benchmarks/results/gpu-<UTC time>/: machine.json (GPU, driver, torch, CUDA, Triton,
+commit, date), each step's log, the benchmarks' JSON records, pytest's junit.xml, and summary.json (each
+step's exit status and seconds). Commit that folder.
+
+Without CUDA it says so and exits with status 2, running and writing nothing. Exit status 1 when a step
+failed or ran out of time, 0 when all passed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGET_S = 450          # all steps together: under 8 minutes with start-up and machine info
+MIN_STEP_S = 15         # a step with less time than this left is skipped, not started
+
+
+def steps(out: Path) -> list[tuple[str, list[str], int]]:
+    """(name, command, time limit in seconds) of each step; the benchmarks save their JSON into `out`."""
+    py = sys.executable
+    return [
+        ("gpu-tests", [py, "-m", "pytest", "tests", "-m", "gpu", "-p", "no:cacheprovider", "-q",
+                       f"--junitxml={out / 'junit.xml'}"], 150),
+        ("kernels", [py, "benchmarks/kernels.py", "--save", str(out)], 60),
+        ("offline", [py, "-m", "nanoserve", "bench", "--device", "cuda", "--save", str(out)], 150),
+        ("decode-bandwidth", [py, "benchmarks/decode_bandwidth.py", "--device", "cuda", "--dtype", "bfloat16",
+                              "--save", str(out)], 90),
+    ]
+
+
+def _run(cmd: list[str], *, timeout: float | None = None) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_info(torch) -> dict:
+    """What ran the evidence: GPUs, driver, versions, commit, date (UTC)."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    commit = _run(["git", "rev-parse", "HEAD"])
+    return dict(
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        gpus=[dict(name=g.name, memory_bytes=g.total_memory, capability=f"{g.major}.{g.minor}",
+                   multiprocessors=g.multi_processor_count) for g in gpus],
+        driver=_run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20) or None,
+        torch=torch.__version__, cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+        triton=triton_version, python=platform.python_version(), cpu=platform.processor() or platform.machine(),
+        cores=os.cpu_count(), commit=commit or None,
+        uncommitted_changes=bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])) if commit else None,
+        nvidia_smi=_run(["nvidia-smi"], timeout=20) or None)
+
+
+def run_step(name: str, cmd: list[str], limit_s: float, log: Path) -> dict:
+    """Run one step with its output in `log`; past `limit_s` seconds its whole process group is killed."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(f"$ {' '.join(cmd)}\n(time limit {limit_s:.0f} s)\n\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc, timed_out = proc.wait(timeout=limit_s), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)   # the benchmark and any worker it started
+            rc, timed_out = proc.wait(), True
+            f.write(f"\n[gpu_check] killed after the {limit_s:.0f} s limit\n")
+    seconds = time.perf_counter() - start
+    return dict(step=name, command=cmd, returncode=rc, timed_out=timed_out, seconds=round(seconds, 1),
+                limit_s=round(limit_s), log=log.name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
+                    help="parent folder of the gpu-<UTC time>/ folder (default benchmarks/results)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for all steps (default {BUDGET_S})")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print(f"gpu-check: torch {torch.__version__} sees no CUDA device (torch.version.cuda = {torch.version.cuda}); "
+              "this check records GPU evidence and needs one. Nothing was run or written.", file=sys.stderr)
+        return 2
+    out = args.results / f"gpu-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    out.mkdir(parents=True)
+    info = machine_info(torch)
+    (out / "machine.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"gpu-check: {', '.join(g['name'] for g in info['gpus'])}; torch {info['torch']}, CUDA {info['cuda']}; "
+          f"results in {out}")
+    deadline = time.perf_counter() + args.budget
+    results = []
+    for name, cmd, limit in steps(out):
+        left = deadline - time.perf_counter()
+        if left < MIN_STEP_S:
+            results.append(dict(step=name, command=cmd, returncode=None, timed_out=False, seconds=0.0,
+                                limit_s=0, log=None, skipped=f"only {left:.0f} s of the budget left"))
+            print(f"  {name:<17} skipped: only {left:.0f} s of the {args.budget:.0f} s budget left")
+            continue
+        r = run_step(name, cmd, min(limit, left), out / f"{name}.log")
+        results.append(r)
+        verdict = "ok" if r["returncode"] == 0 else "TIMED OUT" if r["timed_out"] else f"FAILED (exit {r['returncode']})"
+        print(f"  {name:<17} {verdict:<18} {r['seconds']:6.1f} s   log: {out / r['log']}")
+    ok = all(r["returncode"] == 0 for r in results)
+    (out / "summary.json").write_text(json.dumps(dict(machine=info["gpus"], ok=ok, steps=results), indent=2) + "\n")
+    print(f"gpu-check: {'all steps passed' if ok else 'some steps failed'}; commit {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
