@@ -316,8 +316,7 @@ def test_cpu_paged_attention_decodes(dtype, case):
     lens, H, Hk, D, block_size, window = PAGED_CASES[case]
     k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, dtype, seed=20 + case)
     q = randn(len(lens), H, D, dtype=torch.float32, seed=30 + case).cpu()
-    seq, pos = torch.arange(len(lens), dtype=torch.int32), (ctx - 1).int().cpu()
-    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), seq, pos, D ** -0.5, window)
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), ctx.int().cpu(), D ** -0.5, window)
     by_hand = decode_attention_by_hand(q, keys, values, D ** -0.5, window)
     torch.testing.assert_close(got, by_hand, atol=1e-5, rtol=0)   # fp32 maths either way (bf16 KV read exactly)
 
@@ -327,8 +326,7 @@ def test_cpu_paged_attention_reads_only_the_sequences_blocks():
     lens, H, Hk, D, block_size = [3, 21, 10], 6, 3, 24, 4
     k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, torch.float32, 40, poison=True)
     q = randn(len(lens), H, D, seed=41).cpu()
-    seq, pos = torch.arange(3, dtype=torch.int32), (ctx - 1).int().cpu()
-    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), seq, pos, D ** -0.5)
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), ctx.int().cpu(), D ** -0.5)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, decode_attention_by_hand(q, keys, values, D ** -0.5, None), atol=1e-5, rtol=0)
 
@@ -339,8 +337,8 @@ def test_cpu_paged_attention_queries_at_any_position():
     lens, H, Hk, D, bs = [40], 4, 2, 16, 8
     k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, bs, torch.float32, seed=45)
     q = randn(40, H, D, seed=46).cpu()
-    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), torch.zeros(40, dtype=torch.int32),
-                                        torch.arange(40, dtype=torch.int32), D ** -0.5)
+    got = cpu_attention.paged_attention(q, k_cache.cpu(), v_cache.cpu(), tables.cpu(), torch.arange(1, 41, dtype=torch.int32),
+                                        D ** -0.5, token_seq=torch.zeros(40, dtype=torch.int32))
     want = prefill_by_hand(q.transpose(0, 1), keys[0].transpose(0, 1), values[0].transpose(0, 1), 0, D ** -0.5,
                            None).transpose(0, 1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
@@ -349,14 +347,15 @@ def test_cpu_paged_attention_queries_at_any_position():
 @needs_cc
 def test_cpu_paged_attention_names_the_bad_input():
     k = torch.zeros(4, 4, 2, 16)
-    seq = pos = torch.zeros(2, dtype=torch.int32)
-    with pytest.raises(TypeError, match="int32"):
-        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k, k, torch.zeros(2, 1, dtype=torch.long), seq, pos, 1.0)
+    ctx, table = torch.ones(2, dtype=torch.int32), torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(TypeError, match="block_tables must be int32"):
+        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k, k, table.long(), ctx, 1.0)
     with pytest.raises(TypeError, match="float32 or bfloat16"):
-        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k.half(), k.half(), torch.zeros(2, 1, dtype=torch.int32),
-                                      seq, pos, 1.0)
+        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k.half(), k.half(), table, ctx, 1.0)
     with pytest.raises(ValueError, match="5 heads over 2 kv heads"):
-        cpu_attention.paged_attention(torch.zeros(2, 5, 16), k, k, torch.zeros(2, 1, dtype=torch.int32), seq, pos, 1.0)
+        cpu_attention.paged_attention(torch.zeros(2, 5, 16), k, k, table, ctx, 1.0)
+    with pytest.raises(ValueError, match="a row for every sequence"):
+        cpu_attention.paged_attention(torch.zeros(2, 4, 16), k, k, table[:1], ctx, 1.0)
 
 
 def test_no_compiler_means_the_torch_backend(tmp_path):

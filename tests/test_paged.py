@@ -124,7 +124,8 @@ def test_step_metadata_rows_and_tables_from_tensor_ops():
     assert meta.slot_mapping.tolist() == [12, 13, 14, 2 * 4 + 2, 4 * 4 + 1, 4 * 4 + 2]
     assert meta.block_tables.tolist() == [[3, -1, -1], [9, 2, -1], [0, 5, 4]]
     assert meta.context_lens.tolist() == [3, 7, 11]
-    assert meta.decode_seqs.tolist() == [1] and meta.decode_tokens.tolist() == [3]
+    assert meta.decode_tokens.tolist() == [3] and meta.decode_tables.tolist() == [[9, 2]]
+    assert meta.decode_context.tolist() == [7] and not meta.all_decodes
     assert meta.prefills == [(0, 0, 3, 0), (2, 4, 2, 9)] and meta.last_tokens == [2, 3, 5]
 
 

@@ -1,21 +1,23 @@
-"""One step's attention metadata, built once per step on the device and read by every layer.
+"""One step's attention metadata, built once per step and read by every layer.
 
 A step is *varlen*: the new tokens of all scheduled sequences are flattened into one row of N tokens.
 Sequence i contributes lengths[i] tokens at positions starts[i].. (starts[i] tokens are cached
 already). From those per-sequence numbers and the block tables, everything per token is computed with
-tensor ops, never a Python loop over tokens:
+array ops, never a Python loop over tokens:
 
     positions[t]    = starts[seq[t]] + (t - first token of seq[t])
     slot_mapping[t] = block_tables[seq[t], positions[t] // block_size] * block_size + positions[t] % block_size
 
-The per-sequence numbers travel to the device in one copy: `StepInputs` packs them with the token ids
-into one staging buffer (pinned on CUDA, so the copy runs asynchronously) that lives as long as the
-engine; only the first N + ... entries of it are used each step.
+As in vLLM's model runner, the arrays are computed with NumPy on the host (a NumPy call on a small
+array costs about a microsecond, a small torch op several) and reach the device in two copies (int64
+and int32) from buffers that live as long as the engine, pinned and non-blocking on CUDA. On a CPU
+the tensors are views of the arrays: nothing is copied.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -26,33 +28,40 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor     # [N] long: the flat cache row its key and value are written to
     block_tables: torch.Tensor     # [B, W] int32: each sequence's blocks, -1 past its last one
     context_lens: torch.Tensor     # [B] int32: keys each sequence has once this step is stored
-    decode_seqs: torch.Tensor      # [D] long: the sequences with one new token (decodes) ...
-    decode_tokens: torch.Tensor    # [D] long: ... and that token's index among the N
+    decode_tokens: torch.Tensor    # [D] long: the tokens of sequences with one new token (decodes)
+    decode_tables: torch.Tensor    # [D, Wd] int32: their block tables
+    decode_context: torch.Tensor   # [D] int32: their keys
     prefills: list[tuple[int, int, int, int]]   # (sequence, first token, new tokens, start) of the others
     block_size: int
+    all_decodes: bool              # every token is a decode: attention needs no gather/scatter of q
     decode_blocks: list[int] = field(default_factory=list)  # blocks each decode reads (host ints)
+    last_tokens: list[int] = field(default_factory=list)    # index of each sequence's last new token
     scratch: dict = field(default_factory=dict)  # what a backend derives once per step (torch: length groups)
-
-    last_tokens: list[int] = field(default_factory=list)  # index of each sequence's last new token (host ints)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.positions.shape[0]
 
 
 class StepInputs:
-    """Builds each step's input ids and AttentionMetadata, staging host numbers through one buffer."""
+    """Builds each step's input ids and AttentionMetadata from per-sequence numbers."""
 
     def __init__(self, block_size: int, device: torch.device | str = "cpu"):
         self.block_size = block_size
         self.device = torch.device(device)
-        self._host = torch.empty(0, dtype=torch.int64)
+        self._host = {np.int64: torch.empty(0, dtype=torch.int64), np.int32: torch.empty(0, dtype=torch.int32)}
 
-    def _staging(self, size: int) -> torch.Tensor:
-        if self._host.numel() < size:   # grows to the largest step seen, then stays
-            self._host = torch.empty(max(size, 2 * self._host.numel()), dtype=torch.int64,
-                                     pin_memory=self.device.type == "cuda")
-        return self._host[:size]
+    def _to_device(self, parts: list[np.ndarray], dtype) -> list[torch.Tensor]:
+        """The arrays as tensors on the device. CPU: views of the arrays, no copy. CUDA: packed into the
+        persistent pinned buffer of `dtype` (grown to the largest step seen) and sent in one copy."""
+        if self.device.type == "cpu":
+            return [torch.from_numpy(p) for p in parts]
+        size = sum(p.size for p in parts)
+        if self._host[dtype].numel() < size:
+            self._host[dtype] = torch.empty(max(size, 2 * self._host[dtype].numel()), dtype=self._host[dtype].dtype,
+                                            pin_memory=True)
+        host = self._host[dtype][:size]
+        if size:
+            np.concatenate([p.ravel() for p in parts], out=host.numpy())
+        # the buffer is rewritten next step: safe, because every step ends by reading its sampled tokens (a sync)
+        flat = host.to(self.device, non_blocking=True)
+        return [t.view(p.shape) for t, p in zip(flat.split([p.size for p in parts]), parts)]
 
     def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]):
         """token_ids[i]: sequence i's new tokens this step; starts[i]: its tokens already cached;
@@ -64,34 +73,29 @@ class StepInputs:
                 raise ValueError(f"sequence {i} of the step has no new tokens")
             if len(table) * bs < start + n:
                 raise ValueError(f"block table {table} covers {len(table) * bs} positions; the step needs {start + n}")
-        B, N = len(lengths), sum(lengths)
-        decodes = [i for i, n in enumerate(lengths) if n == 1]
-        firsts, offset = [], 0
-        for n in lengths:
-            firsts.append(offset)
-            offset += n
-        table_lens = [len(t) for t in block_tables]
-        parts = [[t for ids in token_ids for t in ids], starts, lengths, table_lens, decodes,
-                 [firsts[i] for i in decodes], [b for t in block_tables for b in t]]
-        host = self._staging(sum(len(p) for p in parts))
-        host.numpy()[:] = [x for p in parts for x in p]
-        flat = host.to(self.device, non_blocking=True)
-        ids, starts_t, lens_t, tlens_t, dec_seqs, dec_tokens, tables_flat = flat.split([len(p) for p in parts])
+        B = len(lengths)
+        lens, start_a = np.array(lengths, dtype=np.int64), np.array(starts, dtype=np.int64)
+        first = np.cumsum(lens) - lens
+        seq = np.repeat(np.arange(B), lens)
+        positions = start_a[seq] + np.arange(seq.size) - first[seq]
+        tables = np.full((B, max(len(t) for t in block_tables)), -1, dtype=np.int32)
+        for i, t in enumerate(block_tables):      # per sequence, not per token
+            tables[i, :len(t)] = t
+        slot_mapping = tables[seq, positions // bs].astype(np.int64) * bs + positions % bs
+        context = (start_a + lens).astype(np.int32)
+        dec = np.flatnonzero(lens == 1)
+        decode_blocks = [-(-int(c) // bs) for c in context[dec]]
+        dec_tables = tables[dec, :max(decode_blocks, default=0)]
+        ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=seq.size)
 
-        arange_b = torch.arange(B, device=self.device)
-        seq = torch.repeat_interleave(arange_b, lens_t, output_size=N)
-        first = torch.cumsum(lens_t, 0) - lens_t
-        positions = starts_t[seq] + torch.arange(N, device=self.device) - first[seq]
-        width = max(table_lens)
-        tables = torch.full((B, width), -1, dtype=torch.int32, device=self.device)
-        row = torch.repeat_interleave(arange_b, tlens_t, output_size=len(parts[-1]))
-        col = torch.arange(len(parts[-1]), device=self.device) - (torch.cumsum(tlens_t, 0) - tlens_t)[row]
-        tables[row, col] = tables_flat.to(torch.int32)
-        slot_mapping = tables[seq, positions // bs].long() * bs + positions % bs
+        longs = [ids, positions, slot_mapping, first[dec]]
+        ints = [tables, context, dec_tables, context[dec]]
+        ids_t, pos_t, slots_t, dec_tok_t = self._to_device(longs, np.int64)
+        tables_t, ctx_t, dec_tables_t, dec_ctx_t = self._to_device(ints, np.int32)
         meta = AttentionMetadata(
-            positions=positions, slot_mapping=slot_mapping, block_tables=tables,
-            context_lens=(starts_t + lens_t).to(torch.int32), decode_seqs=dec_seqs, decode_tokens=dec_tokens,
-            prefills=[(i, firsts[i], n, s) for i, (s, n) in enumerate(zip(starts, lengths)) if n != 1],
-            block_size=bs, decode_blocks=[-(-(starts[i] + 1) // bs) for i in decodes],
-            last_tokens=[f + n - 1 for f, n in zip(firsts, lengths)])
-        return ids[None], meta
+            positions=pos_t, slot_mapping=slots_t, block_tables=tables_t, context_lens=ctx_t,
+            decode_tokens=dec_tok_t, decode_tables=dec_tables_t, decode_context=dec_ctx_t,
+            prefills=[(i, int(first[i]), n, s) for i, (s, n) in enumerate(zip(starts, lengths)) if n != 1],
+            block_size=bs, all_decodes=len(dec) == B, decode_blocks=decode_blocks,
+            last_tokens=(first + lens - 1).tolist())
+        return ids_t[None], meta

@@ -107,10 +107,13 @@ class PagedAttention:
         return out[None]
 
     def _decode_in_place(self, meta, q, kc, vc, out) -> None:
-        tables = meta.block_tables[meta.decode_seqs, :max(meta.decode_blocks)]
-        out[meta.decode_tokens] = self.ops.paged_decode_attention(
-            q[meta.decode_tokens], kc, vc, tables.contiguous(), meta.context_lens[meta.decode_seqs], self.scale,
-            self.sliding_window).to(q.dtype)
+        qd = q if meta.all_decodes else q[meta.decode_tokens]
+        o = self.ops.paged_decode_attention(qd, kc, vc, meta.decode_tables, meta.decode_context, self.scale,
+                                            self.sliding_window).to(q.dtype)
+        if meta.all_decodes:
+            out.copy_(o)
+        else:
+            out[meta.decode_tokens] = o
 
     def _decode_gathered(self, meta, q, kc, vc, out) -> None:
         _, _, kvh, d = kc.shape
@@ -128,10 +131,9 @@ class PagedAttention:
             groups = []
             for lo, hi in split_by_length([meta.decode_blocks[i] for i in order]):
                 rows = torch.tensor(order[lo:hi], device=meta.positions.device)
-                seqs = meta.decode_seqs[rows]
                 width = meta.decode_blocks[order[hi - 1]]
-                groups.append(DecodeGroup(meta.decode_tokens[rows], meta.block_tables[seqs, :width].clamp(min=0).long(),
-                                          meta.context_lens[seqs]))
+                groups.append(DecodeGroup(meta.decode_tokens[rows], meta.decode_tables[rows, :width].clamp(min=0).long(),
+                                          meta.decode_context[rows]))
             meta.scratch["decode_groups"] = groups
         return meta.scratch["decode_groups"]
 

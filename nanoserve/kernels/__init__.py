@@ -83,11 +83,8 @@ class KernelSet:
 
 
 def _cpu_decode(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
-    """Decode attention through the C kernel: query i is sequence i's, at position context_lens[i] - 1."""
-    B = q.shape[0]
-    seq = torch.arange(B, dtype=torch.int32)
-    return cpu_attention.paged_attention(q, k_cache, v_cache, block_tables.contiguous(), seq,
-                                         (context_lens - 1).to(torch.int32), scale, sliding_window)
+    """Decode attention through the C kernel: query i is sequence i's (row i of block_tables)."""
+    return cpu_attention.paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
 
 
 def _reference_ops() -> dict:

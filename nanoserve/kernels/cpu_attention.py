@@ -7,11 +7,11 @@ ours is one C function of about 60 lines. It is compiled with the machine's C co
 time it is needed (about a second) and cached per user; where there is no compiler, `available()`
 says why and the engine keeps the PyTorch path.
 
-    out = paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_pos, scale, window)
+    out = paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window, token_seq=None)
 
 q [N, heads, d] float32; k_cache/v_cache [blocks, block_size, kv_heads, d] float32 or bfloat16 (one
-layer); block_tables [B, W] int32; token_seq / token_pos [N] int32: query t belongs to sequence
-token_seq[t] and sits at position token_pos[t], attending keys up to and including that position.
+layer); block_tables [B, W] int32; context_lens [N] int32: query t attends keys 0 .. context_lens[t] - 1
+(its own position is the last) of sequence token_seq[t], or of sequence t when token_seq is None (decodes).
 """
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ def unavailable_reason() -> str | None:
     return _error
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_pos, scale: float,
-                    sliding_window: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float,
+                    sliding_window: int | None = None, token_seq: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of each query token over its own sequence's keys, read in place from the blocks."""
     lib = _load()
     if lib is None:
@@ -118,17 +118,23 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_pos, sca
     if heads % kv_heads or heads // kv_heads > lib.max_group() or d > lib.max_head_dim():
         raise ValueError(f"{heads} heads over {kv_heads} kv heads of {d}: the CPU kernel takes at most "
                          f"{lib.max_group()} query heads per kv head and head_dim {lib.max_head_dim()}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("token_seq", token_seq), ("token_pos", token_pos)):
+    ints = dict(block_tables=block_tables, context_lens=context_lens) | ({} if token_seq is None else
+                                                                          dict(token_seq=token_seq))
+    for name, t in ints.items():
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+    for name, t in dict(k_cache=k_cache, v_cache=v_cache, **ints).items():
         if not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"{name} must be a contiguous CPU tensor")
-    if block_tables.dtype != torch.int32 or token_seq.dtype != torch.int32 or token_pos.dtype != torch.int32:
-        raise TypeError("block_tables, token_seq and token_pos must be int32")
+    rows = N if token_seq is None else int(token_seq.max()) + 1 if N else 0
+    if context_lens.shape != (N,) or block_tables.shape[0] < rows:
+        raise ValueError(f"context_lens {list(context_lens.shape)} must be [{N}] and block_tables "
+                         f"{list(block_tables.shape)} must have a row for every sequence")
     qf = q.float().contiguous()
-    if out is None:
-        out = torch.empty(N, heads, d, dtype=torch.float32)
+    out = torch.empty(N, heads, d, dtype=torch.float32)
     fn = lib.paged_attention_bf16 if k_cache.dtype == torch.bfloat16 else lib.paged_attention_f32
-    args = [t.data_ptr() for t in (qf, k_cache, v_cache, block_tables, token_seq, token_pos, out)]
+    args = [qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+            None if token_seq is None else token_seq.data_ptr(), context_lens.data_ptr(), out.data_ptr()]
     args += [heads, kv_heads, d, block_size, block_tables.shape[1], sliding_window or 0, scale]
     with torch.profiler.record_function("nanoserve::cpu_paged_attention"):   # so traces show where the time went
         fn(*args, 0, N * kv_heads)

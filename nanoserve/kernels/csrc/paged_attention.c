@@ -1,8 +1,8 @@
 /* Paged attention on the CPU, reading keys and values where they live in the block pool.
  *
  * Every query token t of a step (a decode, or one token of a prefill chunk) belongs to sequence
- * seq[t] and sits at position pos[t]; it attends keys max(0, pos[t] - window + 1) .. pos[t] of that
- * sequence, found through its block table: position p is row table[p / bs] * bs + p % bs of the
+ * seq[t] (t itself when seq is NULL, as for decodes) and has ctx[t] keys up to and including its own
+ * position; it attends keys max(0, ctx[t] - window) .. ctx[t] - 1 of that sequence, found through its block table: position p is row table[p / bs] * bs + p % bs of the
  * layer's [rows, kv_heads, d] cache. Nothing is gathered: each key and value row is read once per
  * (token, kv head) and used by all the query heads that share it (GQA).
  *
@@ -33,7 +33,7 @@ static inline float load(const void *base, int64_t i, int bf16) {
 
 static inline __attribute__((always_inline)) void attend(
         const float *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
-        const int32_t *seq, const int32_t *pos, float *out, int64_t heads, int64_t kv_heads, int64_t d,
+        const int32_t *seq, const int32_t *ctx, float *out, int64_t heads, int64_t kv_heads, int64_t d,
         int64_t block_size, int64_t table_width, int64_t window, float scale, int64_t begin, int64_t end,
         int bf16) {
     const int64_t group = heads / kv_heads;
@@ -42,8 +42,8 @@ static inline __attribute__((always_inline)) void attend(
         float qs[MAX_GROUP][MAX_D], acc[MAX_GROUP][MAX_D], scores[MAX_GROUP][CHUNK];
         float m[MAX_GROUP], l[MAX_GROUP];
         const int64_t t = item / kv_heads, g = item % kv_heads;
-        const int32_t *table = block_tables + (int64_t)seq[t] * table_width;
-        const int64_t last = pos[t];
+        const int32_t *table = block_tables + (seq ? (int64_t)seq[t] : t) * table_width;
+        const int64_t last = ctx[t] - 1;
         const int64_t first = (window > 0 && last - window + 1 > 0) ? last - window + 1 : 0;
         for (int64_t h = 0; h < group; h++) {
             const float *qh = q + (t * heads + g * group + h) * d;
@@ -89,9 +89,9 @@ static inline __attribute__((always_inline)) void attend(
 }
 
 #define ARGS const float *q, const void *k, const void *v, const int32_t *tables, const int32_t *seq, \
-    const int32_t *pos, float *out, int64_t heads, int64_t kv_heads, int64_t d, int64_t block_size,  \
+    const int32_t *ctx, float *out, int64_t heads, int64_t kv_heads, int64_t d, int64_t block_size,  \
     int64_t table_width, int64_t window, float scale, int64_t begin, int64_t end
-#define CALL q, k, v, tables, seq, pos, out, heads, kv_heads, d, block_size, table_width, window, scale, begin, end
+#define CALL q, k, v, tables, seq, ctx, out, heads, kv_heads, d, block_size, table_width, window, scale, begin, end
 
 void paged_attention_f32(ARGS) { attend(CALL, 0); }
 void paged_attention_bf16(ARGS) { attend(CALL, 1); }
