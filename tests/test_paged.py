@@ -240,3 +240,16 @@ def test_aborted_requests_give_their_blocks_back(model_dir):
         engine.step()
     assert seqs[2].finish_reason == "length" and [s.finish_reason for s in seqs[:2]] == ["abort", "abort"]
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+@pytest.mark.gpu
+def test_step_metadata_on_cuda_equals_the_cpu_build():
+    """Pinned staging and non-blocking copies give the same numbers; steps in a row reuse the buffers safely."""
+    from nanoserve.attention import StepInputs
+    cpu, gpu = StepInputs(4), StepInputs(4, "cuda")
+    for step in range(3):
+        args = ([[7, 8, 9][:step + 1], [5], [1, 2]], [0, 6 + step, 9], [[3], [9, 2], [0, 5, 4]])
+        (a_ids, a), (b_ids, b) = cpu.build(*args), gpu.build(*args)
+        assert b.slot_mapping.is_cuda and torch.equal(b_ids.cpu(), a_ids)
+        for name in ("positions", "slot_mapping", "block_tables", "context_lens", "decode_tokens", "decode_tables"):
+            assert torch.equal(getattr(b, name).cpu(), getattr(a, name)), name

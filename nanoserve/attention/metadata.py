@@ -46,6 +46,7 @@ class StepInputs:
         self.block_size = block_size
         self.device = torch.device(device)
         self._host = {np.int64: torch.empty(0, dtype=torch.int64), np.int32: torch.empty(0, dtype=torch.int32)}
+        self._copied = {}   # CUDA: an event per buffer, recorded after its copy was queued
 
     def _to_device(self, parts: list[np.ndarray], dtype) -> list[torch.Tensor]:
         """The arrays as tensors on the device. CPU: views of the arrays, no copy. CUDA: packed into the
@@ -56,11 +57,14 @@ class StepInputs:
         if self._host[dtype].numel() < size:
             self._host[dtype] = torch.empty(max(size, 2 * self._host[dtype].numel()), dtype=self._host[dtype].dtype,
                                             pin_memory=True)
+        if dtype in self._copied:
+            self._copied[dtype].synchronize()   # the previous step's copy out of this buffer must be done
         host = self._host[dtype][:size]
         if size:
             np.concatenate([p.ravel() for p in parts], out=host.numpy())
-        # the buffer is rewritten next step: safe, because every step ends by reading its sampled tokens (a sync)
         flat = host.to(self.device, non_blocking=True)
+        self._copied[dtype] = torch.cuda.Event()
+        self._copied[dtype].record()
         return [t.view(p.shape) for t, p in zip(flat.split([p.size for p in parts]), parts)]
 
     def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]):
