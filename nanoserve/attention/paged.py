@@ -13,7 +13,9 @@ in their rows, then attend. Its backend is chosen once, when the engine builds i
   decode's blocks into a padded copy, decodes of similar length together;
 - a prefill with nothing cached attends its own fresh k/v, no cache read at all; a later chunk (or the
   rest of a prompt after a prefix-cache hit) gathers its cached prefix, then causal attention. That
-  work is compute-bound (n queries x context keys), so the O(context) copy is a small part of it.
+  work is compute-bound (n queries x context keys): SDPA's blocked matmuls beat the C kernel's
+  one-query-at-a-time loop by more than the copy costs (measured on a 2-core CPU, 512 cached + 64 new
+  tokens: gather + SDPA 0.64 ms, C kernel in place 2.0 ms; at 16 new tokens 0.31 vs 0.51 ms).
 """
 from __future__ import annotations
 
