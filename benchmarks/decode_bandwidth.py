@@ -47,10 +47,10 @@ def main(argv=None):
     weight_bytes = cfg.num_parameters * elem  # the tied head reads the whole embedding; the lookup one row
     max_len = args.prompt + args.tokens + 8
     engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_model_len=max_len, num_kv_blocks=-(-max_len // 16)))
-    engine.add_request(list(range(1, args.prompt + 1)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    engine.add_request("warm-up", list(range(1, args.prompt + 1)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished():  # warm-up run
         engine.step()
-    engine.add_request(list(range(1, args.prompt + 1)),
+    engine.add_request("timed", list(range(1, args.prompt + 1)),
                        SamplingParams(temperature=0, max_tokens=args.tokens + 1, ignore_eos=True))
     engine.step()  # prefill
     times = []

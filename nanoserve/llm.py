@@ -1,35 +1,17 @@
 """The offline API, after vLLM's: `LLM(...).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
 
 import torch
 from tqdm.auto import tqdm
 
 from nanoserve import models, tokenizer as tokenizer_mod
-from nanoserve.engine import EngineConfig, LLMEngine, Sequence
+from nanoserve.engine import EngineConfig, LLMEngine
+from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.attention import PagedKVCache
 from nanoserve.perf import device as resolve_device
 from nanoserve.sampling import SamplingParams
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None      # "stop" | "length" | "error" (see RequestOutput.error)
-
-
-@dataclass
-class RequestOutput:
-    request_id: int
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
-    metrics: dict = field(default_factory=dict)   # arrival, first token and finish times (s, perf_counter)
-    error: str | None = None                      # why this request failed (the others still ran)
 
 
 class LLM:
@@ -71,10 +53,16 @@ class LLM:
         if max_model_len is None:   # by default a sequence may grow as long as the pool (or the model) allows
             max_model_len = min(wanted_len, num_kv_blocks * block_size)
         torch.manual_seed(seed)
+        self._request_ids = itertools.count()
         self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
             enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling))
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine behind this LLM (also `llm.engine`)."""
+        return self.engine
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -100,32 +88,28 @@ class LLM:
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
         # a bad request (empty, too long, unknown token ids) fails alone: its output carries the error
-        results: list[Sequence | RequestOutput] = []
+        results: dict[str, RequestOutput | None] = {}
         for i, (p, sp) in enumerate(zip(prompts, params)):
+            request_id = str(next(self._request_ids))
             try:
-                results.append(self.engine.add_request(p, sp))
+                self.engine.add_request(request_id, p, sp)
+                results[request_id] = None
             except ValueError as e:
-                results.append(self._error_output(p, f"prompts[{i}]: {e}"))
-        seqs = [r for r in results if isinstance(r, Sequence)]
-        bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm, unit="req")
-        while any(not s.is_finished for s in seqs):
-            bar.update(len(self.engine.step()))
+                results[request_id] = self._error_output(request_id, p, f"prompts[{i}]: {e}")
+        bar = tqdm(total=sum(r is None for r in results.values()), desc="generate", disable=not use_tqdm, unit="req")
+        while any(r is None or not r.finished for r in results.values()):
+            for out in self.engine.step():
+                results[out.request_id] = out
+                bar.update(out.finished)
         bar.close()
-        return [self._output(r) if isinstance(r, Sequence) else r for r in results]
+        return list(results.values())
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        out = seq.output_token_ids
-        return RequestOutput(
-            request_id=seq.seq_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
-            outputs=[CompletionOutput(0, self.tokenizer.decode(out), out, seq.finish_reason)],
-            metrics=dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
-                         finish_time=seq.finish_time, num_preemptions=seq.num_preemptions))
-
-    def _error_output(self, prompt, message: str) -> RequestOutput:
+    @staticmethod
+    def _error_output(request_id: str, prompt, message: str) -> RequestOutput:
         text = prompt if isinstance(prompt, str) else None
         ids = [] if isinstance(prompt, str) else list(prompt)
-        return RequestOutput(request_id=-1, prompt=text, prompt_token_ids=ids,
-                             outputs=[CompletionOutput(0, "", [], "error")], error=message)
+        return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids,
+                             outputs=[CompletionOutput(0, "", [], "error")], finished=True, error=message)
 
     def metrics(self) -> dict:
         """Engine counters: running/waiting requests, KV blocks (total, free), prefix-cache hits,

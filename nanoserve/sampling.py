@@ -13,6 +13,8 @@ import torch
 
 @dataclass
 class SamplingParams:
+    """How to pick each next token, and when to stop (vLLM's names). One sample per request: n > 1 is not
+    supported yet."""
     temperature: float = 1.0      # 0 = greedy
     top_p: float = 1.0            # keep the smallest set of tokens whose probability reaches top_p
     top_k: int = -1               # keep the k most likely tokens; -1 (or 0) = all
@@ -20,6 +22,7 @@ class SamplingParams:
     ignore_eos: bool = False      # keep going past EOS (benchmarks use it for fixed output lengths)
     stop_token_ids: list[int] | None = field(default=None)
     seed: int | None = None       # same seed, same tokens
+    stop: list[str] | None = field(default=None)   # stop strings: generation ends before the first one (not in the text)
 
     def __post_init__(self):
         def bad(name, value, expected):
@@ -39,6 +42,11 @@ class SamplingParams:
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
                 bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")
             self.stop_token_ids = ids
+        if self.stop is not None:
+            stop = [self.stop] if isinstance(self.stop, str) else self.stop
+            if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
+                bad("stop", self.stop, "a non-empty str or a list of non-empty str")
+            self.stop = list(stop)
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
     @property
@@ -86,6 +94,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     for i, g in enumerate(generators):
         if g is not None:
             noise[i] = torch.empty(probs.shape[1], device=dev).exponential_(generator=g)
-    sampled = (probs / noise).argmax(-1)
+    # a draw of exactly 0 would make p / 0 = inf, or nan for a filtered token (0 / 0): keep E > 0
+    sampled = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(-1)
     is_greedy = torch.tensor([p.greedy for p in params], device=dev)
     return torch.where(is_greedy, greedy_tokens, sampled)

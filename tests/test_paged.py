@@ -193,9 +193,10 @@ def test_chunked_prefill_lets_decodes_flow(model_dir, reference):
     engine: LLMEngine = llm.engine
     short = random_prompts([6, 10], seed=4)
     long = random_prompts([150], seed=5)[0]
-    seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)) for p in short]
+    seqs = [engine.add_request(f"short-{i}", p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+            for i, p in enumerate(short)]
     engine.step()                                # both short prompts prefilled
-    big = engine.add_request(long, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    big = engine.add_request("long", long, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     chunks = []
     while big.num_cached_tokens < len(long):
         batch = engine.scheduler.schedule()
@@ -231,11 +232,11 @@ def test_pool_sizing_and_its_errors(model_dir):
 
 def test_aborted_requests_give_their_blocks_back(model_dir):
     engine = LLM(str(model_dir), block_size=4).engine
-    seqs = [engine.add_request(p, GREEDY) for p in random_prompts([9, 17, 5])]
+    seqs = [engine.add_request(str(i), p, GREEDY) for i, p in enumerate(random_prompts([9, 17, 5]))]
     engine.step()
     engine.step()
     assert engine.block_manager.num_free < engine.block_manager.num_blocks
-    engine.abort(seqs[:2])
+    engine.abort(["0", "1"])
     while engine.has_unfinished():
         engine.step()
     assert seqs[2].finish_reason == "length" and [s.finish_reason for s in seqs[:2]] == ["abort", "abort"]

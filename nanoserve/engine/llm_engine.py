@@ -1,10 +1,12 @@
 """Chapter 03: the engine loop. add_request -> step (schedule -> run -> update) until nothing is left.
 
-Chapter 04: the KV cache is a pool of blocks (sized here), shared through prefix caching.
+Chapter 04: the KV cache is a pool of blocks (sized here), shared through prefix caching. For a server
+(chapter 09): requests have string ids and can be aborted; every step returns a RequestOutput for each
+request that advanced, with the text it added (incremental detokenizing, stop strings held back until
+they are ruled out) and its times.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 
@@ -15,6 +17,7 @@ from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
+from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.sampling import SamplingParams
 from nanoserve.tokenizer import Tokenizer
 
@@ -56,13 +59,17 @@ class LLMEngine:
                                    self.block_manager, eos, config.scheduling)
         self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed)  # owns the KV pool
         self.kv_cache = self.runner.kv_cache
-        self._ids = itertools.count()
+        self.requests: dict[str, Sequence] = {}   # unfinished requests by id
         # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;
         # recomputed: tokens computed again after a preemption freed their keys/values
         self.stats = dict(steps=0, prefill_tokens=0, decode_tokens=0, recomputed_tokens=0, finished=0)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Sequence:
         """Validate and queue one request; a bad one raises here and touches nothing else."""
+        if not isinstance(request_id, str) or not request_id:
+            raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already running or waiting")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         text = None
@@ -81,15 +88,28 @@ class LLMEngine:
         if len(ids) >= self.config.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.config.max_model_len} "
                              f"(prompt plus at least one new token)")
-        seq = Sequence(next(self._ids), ids, params, text, self.device)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to see text; this engine has none: use stop_token_ids")
+        decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
+        seq = Sequence(request_id, ids, params, text, self.device, decoder)
+        self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
 
-    def step(self) -> list[Sequence]:
-        """One iteration: schedule a batch, run it, record tokens. Returns the sequences that finished."""
+    def abort(self, request_id: str | list[str]) -> None:
+        """Drop requests, waiting or running: their KV blocks are freed, finish_reason "abort". Ids that
+        are unknown or already finished are ignored (a client may disconnect after its last token)."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        seqs = [self.requests.pop(i) for i in ids if i in self.requests]
+        self.scheduler.abort(seqs, time.perf_counter())
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule a batch, run it, record tokens. Returns a RequestOutput for every
+        request that advanced (a new token, or finished), `finished` True for those that are done."""
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        now = time.perf_counter()
         for seq, n in batch:
             start, stop = seq.num_cached_tokens, seq.num_cached_tokens + n
             again = max(0, min(stop, seq.num_computed_ever) - start)
@@ -98,11 +118,51 @@ class LLMEngine:
             self.stats["prefill_tokens"] += first_prompt
             self.stats["decode_tokens"] += n - again - first_prompt
             seq.num_computed_ever = max(seq.num_computed_ever, stop)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
         new_tokens = self.runner.run(batch)
-        finished = self.scheduler.update(batch, new_tokens, time.perf_counter())
+        now = time.perf_counter()
+        advanced = self.scheduler.update(batch, new_tokens, now)
+        outputs = [self._output(seq, self._new_text(seq, now)) for seq in advanced]
+        for seq in advanced:
+            if seq.is_finished:
+                self.requests.pop(seq.seq_id, None)
+                self.stats["finished"] += 1
         self.stats["steps"] += 1
-        self.stats["finished"] += len(finished)
-        return finished
+        return outputs
+
+    def _new_text(self, seq: Sequence, now: float) -> str:
+        """Detokenize the token just added; cut at a stop string (finishing the request); return the text
+        that can be sent now. Text that might be the start of a stop string is held back until it is not."""
+        if seq.detokenizer is None:
+            return ""
+        seq.text += seq.detokenizer.push(seq.token_ids[-1:])
+        if seq.is_finished:
+            seq.text += seq.detokenizer.flush()
+        stops = seq.params.stop or ()
+        if stops:
+            longest = max(map(len, stops))
+            search_from = max(0, seq.num_text_sent - longest + 1)   # a match may start in held-back text only
+            found = [(i, s) for s in stops if (i := seq.text.find(s, search_from)) >= 0]
+            if found:
+                cut, stop = min(found)
+                seq.text = seq.text[:cut]
+                if seq.finish_reason != "stop":   # also when this token reached max_tokens: the stop string wins
+                    seq.stop_reason = stop
+                    self.scheduler.finish(seq, "stop", now)
+        hold = 0 if seq.is_finished or not stops else max(map(len, stops)) - 1
+        ready = max(seq.num_text_sent, len(seq.text) - hold)
+        delta, seq.num_text_sent = seq.text[seq.num_text_sent:ready], ready
+        return delta
+
+    def _output(self, seq: Sequence, delta: str) -> RequestOutput:
+        out = seq.output_token_ids
+        finished = seq.is_finished
+        return RequestOutput(
+            request_id=seq.seq_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
+            outputs=[CompletionOutput(0, seq.text, out, seq.finish_reason if finished else None, delta,
+                                      seq.stop_reason if finished else None)],
+            finished=finished, metrics=request_metrics(seq))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -117,6 +177,12 @@ class LLMEngine:
                     prefix_cache_hit_tokens=b.hit_tokens, prefix_cache_queried_tokens=b.queried_tokens,
                     num_preemptions=s.num_preemptions, **self.stats)
 
-    def abort(self, seqs: list[Sequence]) -> None:
-        """Drop requests (waiting or running), freeing their KV blocks; others are untouched."""
-        self.scheduler.abort(seqs)
+
+def request_metrics(seq: Sequence) -> dict:
+    """A request's times (perf_counter seconds), vLLM's RequestMetrics names, plus TTFT and each token's time."""
+    queued = None if seq.first_scheduled_time is None else seq.first_scheduled_time - seq.arrival_time
+    ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time
+    return dict(arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
+                first_token_time=seq.first_token_time, last_token_time=seq.token_times[-1] if seq.token_times else None,
+                finished_time=seq.finish_time, time_in_queue=queued, ttft=ttft, token_times=list(seq.token_times),
+                num_preemptions=seq.num_preemptions)

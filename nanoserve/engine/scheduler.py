@@ -85,9 +85,10 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, batch: list[tuple[Sequence, int]], new_tokens: dict[int, int], now: float) -> list[Sequence]:
-        """Record what the step computed and sampled; retire sequences that are done. Returns those."""
-        finished = []
+    def update(self, batch: list[tuple[Sequence, int]], new_tokens: dict, now: float) -> list[Sequence]:
+        """Record what the step computed and sampled; retire sequences that hit a stop token or their
+        length. Returns every sequence that got a new token (finished or not)."""
+        advanced = []
         for seq, n in batch:
             seq.num_cached_tokens += n
             self.blocks.commit_full_blocks(seq)
@@ -95,31 +96,34 @@ class Scheduler:
                 continue
             token = new_tokens[seq.seq_id]
             seq.token_ids.append(token)
+            seq.token_times.append(now)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             reason = self.stop_reason(seq, token)
             if reason:
-                seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
-                self.running.remove(seq)
-                self.blocks.release(seq)
-                finished.append(seq)
-        return finished
+                self.finish(seq, reason, now)
+            advanced.append(seq)
+        return advanced
 
     def stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if p.stop_token_ids and token in p.stop_token_ids:
+        if (not p.ignore_eos and token in self.eos_token_ids) or (p.stop_token_ids and token in p.stop_token_ids):
+            seq.stop_reason = token
             return "stop"
         if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def abort(self, seqs: list[Sequence]) -> None:
+    def finish(self, seq: Sequence, reason: str, now: float) -> None:
+        """Retire `seq` wherever it is (waiting or running): its blocks go back to the pool."""
+        if seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.blocks.release(seq)
+        seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
+
+    def abort(self, seqs: list[Sequence], now: float) -> None:
         for seq in seqs:
-            if seq.status is Status.WAITING and seq in self.waiting:
-                self.waiting.remove(seq)
-            elif seq.status is Status.RUNNING:
-                self.running.remove(seq)
-                self.blocks.release(seq)
-            seq.status, seq.finish_reason = Status.FINISHED, "abort"
+            if not seq.is_finished:
+                self.finish(seq, "abort", now)

@@ -1,6 +1,8 @@
 """Chapter 03: a request's life. waiting -> running -> finished, with its tokens and its place in the cache.
 
-Chapter 04 adds preemption (running -> waiting, to be recomputed) and the block table.
+Chapter 04 adds preemption (running -> waiting, to be recomputed) and the block table. For serving, a
+request also keeps its text as it grows (an incremental detokenizer, so a stream can send each new
+piece) and the times a server reports: arrival, first scheduled, each token, finish.
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, seq_id: int, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
-                 device: torch.device | str = "cpu"):
-        self.seq_id = seq_id
+    def __init__(self, seq_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                 device: torch.device | str = "cpu", detokenizer=None):
+        self.seq_id = seq_id                      # the request id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)   # prompt, then each generated token
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -32,11 +34,17 @@ class Sequence:
         self.block_table: list[int] = []          # KV blocks holding its positions, in order (chapter 04)
         self.block_hashes: list[bytes] = []       # prefix-cache hashes of its full, computed blocks
         self.finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
+        self.stop_reason: int | str | None = None  # the stop token or string that ended it
         self.error: str | None = None             # why a request failed, when it did
         self.num_preemptions = 0
         self.generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+        self.detokenizer = detokenizer            # tokenizer.IncrementalDecoder, or None (token ids only)
+        self.text = ""                            # decoded output so far, cut at a stop string
+        self.num_text_sent = 0                    # characters of `text` already handed out as deltas
         self.arrival_time = time.perf_counter()
+        self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        self.token_times: list[float] = []
         self.finish_time: float | None = None
 
     @property
