@@ -68,18 +68,34 @@ class BlockManager:
         seq.block_hashes = []
         if not self.enable_prefix_caching:
             return 0
-        bs, parent = self.block_size, None
-        for i in range((seq.num_tokens - 1) // bs):
-            h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
+        for h in self.prefix_hashes(seq):
             block_id = self.cached.get(h)
             if block_id is None:
                 break
             self._hold(block_id)
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
-            parent = h
-        seq.num_cached_tokens = len(seq.block_table) * bs
+        seq.num_cached_tokens = len(seq.block_table) * self.block_size
         return seq.num_cached_tokens
+
+    def prefix_hashes(self, seq: Sequence) -> list[bytes]:
+        """Chained hashes of the full blocks before `seq`'s last token (the blocks a cache hit can cover).
+        Kept on the sequence: they only change when it has more tokens (recomputed after a preemption)."""
+        cached = getattr(seq, "_prefix_hashes", None)
+        if cached is not None and cached[0] == seq.num_tokens:
+            return cached[1]
+        bs, parent, hashes = self.block_size, None, []
+        for i in range((seq.num_tokens - 1) // bs):
+            parent = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
+            hashes.append(parent)
+        seq._prefix_hashes = (seq.num_tokens, hashes)
+        return hashes
+
+    def first_missing_block(self, seq: Sequence) -> bytes | None:
+        """The hash of `seq`'s first full block that is not in the cache (None: all cached, or no caching)."""
+        if not self.enable_prefix_caching:
+            return None
+        return next((h for h in self.prefix_hashes(seq) if h not in self.cached), None)
 
     def record_admission(self, seq: Sequence, hit_tokens: int) -> None:
         self.queried_tokens += seq.num_tokens

@@ -33,6 +33,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.blocks = block_manager
         self.num_preemptions = 0
+        self.defer_shared_prefixes = True   # cache-aware admission (below); False: plain first come, first served
+        self.num_deferred = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -61,20 +63,42 @@ class Scheduler:
                 budget -= n
         # admit only when nothing had to give way this step: memory is tight, let the running finish
         admitting = not preempted and (self.policy == "continuous" or not self.running)
-        while admitting and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
+        computing = self._blocks_being_computed() if admitting and self.defer_shared_prefixes else set()
+        i = 0
+        while admitting and i < len(self.waiting) and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[i]
+            if self.policy == "continuous" and self.blocks.first_missing_block(seq) in computing:
+                i += 1                 # its next block is being computed by another request: follow it next step
+                self.num_deferred += 1
+                continue
             hit = self.blocks.match_prefix(seq)       # cached blocks at the start of its tokens: skip them
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)  # a long prompt is prefilled in chunks
             if not self.blocks.ensure(seq, seq.num_cached_tokens + n):
                 self.blocks.release(seq)
                 break
             self.blocks.record_admission(seq, hit)
-            self.waiting.popleft()
+            del self.waiting[i]
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.append((seq, n))
             budget -= n
+            if self.defer_shared_prefixes:
+                computing.update(self.blocks.prefix_hashes(seq)[len(seq.block_hashes):])
         return batch
+
+    def _blocks_being_computed(self) -> set[bytes]:
+        """Prefix blocks that running prompts will compute but have not yet: a waiting request that needs one
+        of them next would compute it a second time if admitted now, or hit the cache if admitted after.
+
+        This is cache-aware admission (as SGLang's scheduler does it): requests that arrive together with a
+        shared prefix let one of them compute it, and follow one step later. A deferred request never waits
+        for long: once the block is computed (or its computing request leaves), it is no longer in this set.
+        """
+        computing = set()
+        for seq in self.running:
+            if seq.num_cached_tokens < seq.num_prompt_tokens:
+                computing.update(self.blocks.prefix_hashes(seq)[len(seq.block_hashes):])
+        return computing
 
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s blocks and requeue it first in line; it will be recomputed from its tokens."""
