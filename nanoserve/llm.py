@@ -24,7 +24,8 @@ class LLM:
     block_size: token positions per KV block; num_kv_blocks: the pool, or None to size it from memory
     (`kv_pool_size`); enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
     kv_cache_memory: bytes for the pool on a CPU (default: enough for max_num_seqs full-length sequences,
-    at most 1 GiB); gpu_memory_utilization: fraction of free GPU memory (after the weights) for the pool.
+    at most 1 GiB); gpu_memory_utilization: the fraction of the GPU's memory this engine may use in all
+    (weights, the activations of its largest step, measured, and the pool: see kv_pool_size).
     scheduling: "continuous" (default) or "static", the baseline chapter 03 compares against.
     """
 
@@ -47,7 +48,8 @@ class LLM:
         wanted_len = max_model_len or min(cfg.max_position_embeddings, 2048)
         if num_kv_blocks is None:
             num_kv_blocks, self.kv_pool_source = kv_pool_size(self.model, block_size, max_num_seqs, wanted_len,
-                                                              kv_cache_memory, gpu_memory_utilization)
+                                                              kv_cache_memory, gpu_memory_utilization,
+                                                              max_num_batched_tokens)
         else:
             self.kv_pool_source = "num_kv_blocks"
         if max_model_len is None:   # by default a sequence may grow as long as the pool (or the model) allows
@@ -114,25 +116,32 @@ class LLM:
     def metrics(self) -> dict:
         """Engine counters: running/waiting requests, KV blocks (total, free), prefix-cache hits,
         preemptions, steps, prefill and decode tokens."""
-        return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source)
+        return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source, weight_bytes=weight_bytes(self.model))
 
 
 def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, kv_cache_memory: int | None = None,
-                 gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
+                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048) -> tuple[int, str]:
     """How many KV blocks to allocate, and why.
 
-    On a GPU: `gpu_memory_utilization` of the device memory still free after the weights, the way
-    vLLM sizes its pool. On a CPU, where the KV cache shares RAM with everything else: a stated budget,
-    `kv_cache_memory` bytes, by default enough for `max_num_seqs` sequences of `max_model_len` tokens,
-    capped at 1 GiB.
+    On a GPU, as a serving engine sizes it (vLLM profiles the same way): run one forward of the largest
+    step, `max_num_batched_tokens` tokens, to measure the activations' peak memory; then the pool is what
+    is left of `gpu_memory_utilization` x total memory after the weights, that peak and the memory that is
+    not torch's (the CUDA context, other processes). On a CPU, where the KV cache shares RAM with
+    everything else: a stated budget, `kv_cache_memory` bytes, by default enough for `max_num_seqs`
+    sequences of `max_model_len` tokens, capped at 1 GiB.
     """
     p = next(model.parameters())
     per_block = PagedKVCache.bytes_per_block(model.config, block_size, p.dtype)
     if p.device.type == "cuda" and kv_cache_memory is None:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization = {gpu_memory_utilization}: expected a fraction in (0, 1]")
-        free, _ = torch.cuda.mem_get_info(p.device)
-        budget, source = int(free * gpu_memory_utilization), f"{gpu_memory_utilization:.0%} of free GPU memory"
+        peak = profile_activation_peak(model, max_num_batched_tokens, max_num_seqs)
+        free, total = torch.cuda.mem_get_info(p.device)
+        not_torch = (total - free) - torch.cuda.memory_reserved(p.device)
+        budget = gpu_kv_budget(total, gpu_memory_utilization, weight_bytes(model), peak, not_torch)
+        source = (f"{gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB - weights {weight_bytes(model) / 2**30:.2f} "
+                  f"- activation peak {peak / 2**30:.2f} (a {max_num_batched_tokens}-token step) - "
+                  f"{not_torch / 2**30:.2f} GiB not torch's")
     elif kv_cache_memory is None:
         need = max_num_seqs * -(-max_model_len // block_size) * per_block
         budget, source = min(need, 1 << 30), "max_num_seqs x max_model_len, at most 1 GiB"
@@ -142,3 +151,31 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
     if blocks < 1:
         raise ValueError(f"KV pool: {budget} bytes ({source}) hold no block of {per_block} bytes")
     return blocks, f"{blocks} blocks x {per_block} B = {blocks * per_block / 2**20:.1f} MiB ({source})"
+
+
+def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak: int, not_torch: int) -> int:
+    """Bytes for the KV pool: utilization x total, minus everything else that must fit beside it."""
+    return int(total * utilization) - weights - activation_peak - not_torch
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters (a tied embedding and head counted once)."""
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in model.parameters()}.values())
+
+
+@torch.inference_mode()
+def profile_activation_peak(model, num_tokens: int, num_sampled: int) -> int:
+    """Peak bytes a forward of the largest step allocates beyond what is already held (weights): a
+    prefill of `num_tokens` tokens, the head on `num_sampled` rows, as the engine runs it."""
+    dev = next(model.parameters()).device
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    ids = torch.zeros(1, num_tokens, dtype=torch.long, device=dev)
+    hidden = model.hidden_states(ids)[0]
+    model.lm_head(hidden[-min(num_sampled, num_tokens):]).float().softmax(-1)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before
+    del ids, hidden
+    torch.cuda.empty_cache()
+    return peak
