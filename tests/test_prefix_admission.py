@@ -73,3 +73,32 @@ def test_static_scheduling_admits_the_whole_batch(model_dir):
     llm = LLM(model_dir, max_num_seqs=16, scheduling="static")
     llm.generate(together(6), PARAMS, use_tqdm=False)
     assert llm.engine.scheduler.num_deferred == 0
+
+
+def test_a_deferred_request_is_not_starved_when_the_computing_one_is_preempted(model_dir):
+    """b waits on the prefix a computes; the next step a running request needs a block and a, the latest
+    admitted, gives way. b is not left waiting on blocks nobody computes: it runs, with the right tokens."""
+    head = together(1)[0][:48]
+    c, tail_a, tail_b = random_prompts([15, 5, 5], seed=12)
+    long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    requests = {"c": (c, long), "a": (head + tail_a, PARAMS), "b": (head + tail_b, PARAMS)}
+    reference = LLM(model_dir, enable_prefix_caching=False).generate(
+        [p for p, _ in requests.values()], [sp for _, sp in requests.values()], use_tqdm=False)
+    # 5 blocks: c holds 1 and needs a 2nd at its 17th token, a's 53 tokens take the other 4
+    llm = LLM(model_dir, max_num_seqs=16, max_num_batched_tokens=64, num_kv_blocks=5, max_model_len=64)
+    engine, scheduler = llm.engine, llm.engine.scheduler
+    engine.add_request("c", *requests["c"])
+    engine.step()                                                   # c's prompt: 16 tokens, one full block
+    engine.add_request("a", *requests["a"])
+    engine.add_request("b", *requests["b"])
+    outputs = {out.request_id: out for out in engine.step()}       # a computes the prefix, b is deferred
+    assert [s.seq_id for s in scheduler.running] == ["c", "a"] and scheduler.num_deferred == 1
+    outputs |= {out.request_id: out for out in engine.step()}      # c needs a block: a is preempted
+    assert scheduler.num_preemptions == 1 and [s.seq_id for s in scheduler.waiting] == ["a", "b"]
+    for _ in range(100):
+        if not engine.has_unfinished():
+            break
+        outputs |= {out.request_id: out for out in engine.step()}
+    assert not engine.has_unfinished(), "b (or a) never ran"
+    assert [outputs[i].outputs[0].token_ids for i in requests] == [r.outputs[0].token_ids for r in reference]
+    assert llm.metrics()["kv_blocks_free"] == llm.metrics()["kv_blocks_total"]
