@@ -47,11 +47,11 @@ class LLM:
                                     block_size=block_size)
         wanted_len = max_model_len or min(cfg.max_position_embeddings, 2048)
         if num_kv_blocks is None:
-            num_kv_blocks, self.kv_pool_source = kv_pool_size(self.model, block_size, max_num_seqs, wanted_len,
-                                                              kv_cache_memory, gpu_memory_utilization,
-                                                              max_num_batched_tokens)
+            num_kv_blocks, self.kv_pool_source, self.activation_peak_bytes = kv_pool_size(
+                self.model, block_size, max_num_seqs, wanted_len, kv_cache_memory, gpu_memory_utilization,
+                max_num_batched_tokens)
         else:
-            self.kv_pool_source = "num_kv_blocks"
+            self.kv_pool_source, self.activation_peak_bytes = "num_kv_blocks", None
         if max_model_len is None:   # by default a sequence may grow as long as the pool (or the model) allows
             max_model_len = min(wanted_len, num_kv_blocks * block_size)
         torch.manual_seed(seed)
@@ -115,31 +115,36 @@ class LLM:
 
     def metrics(self) -> dict:
         """Engine counters: running/waiting requests, KV blocks (total, free), prefix-cache hits,
-        preemptions, steps, prefill and decode tokens."""
-        return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source, weight_bytes=weight_bytes(self.model))
+        preemptions, steps, prefill and decode tokens; how the pool was sized (kv_pool_source, with the
+        weights and, on a GPU, the measured activation peak beside kv_cache_bytes)."""
+        return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source, weight_bytes=weight_bytes(self.model),
+                                            activation_peak_bytes=self.activation_peak_bytes)
 
 
 def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, kv_cache_memory: int | None = None,
-                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048) -> tuple[int, str]:
-    """How many KV blocks to allocate, and why.
+                 gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048
+                 ) -> tuple[int, str, int | None]:
+    """How many KV blocks to allocate, why, and the activation peak it measured (None off the GPU).
 
     On a GPU, as a serving engine sizes it (vLLM profiles the same way): run one forward of the largest
     step, `max_num_batched_tokens` tokens, to measure the activations' peak memory; then the pool is what
     is left of `gpu_memory_utilization` x total memory after the weights, that peak and the memory that is
-    not torch's (the CUDA context, other processes). On a CPU, where the KV cache shares RAM with
-    everything else: a stated budget, `kv_cache_memory` bytes, by default enough for `max_num_seqs`
-    sequences of `max_model_len` tokens, capped at 1 GiB.
+    not torch's (the CUDA context, other processes: the fraction bounds what the whole GPU holds, shared or
+    not). On a CPU, where the KV cache shares RAM with everything else: a stated budget, `kv_cache_memory`
+    bytes, by default enough for `max_num_seqs` sequences of `max_model_len` tokens, capped at 1 GiB.
     """
     p = next(model.parameters())
     per_block = PagedKVCache.bytes_per_block(model.config, block_size, p.dtype)
+    peak = None                                   # the activations are measured on a GPU only
     if p.device.type == "cuda" and kv_cache_memory is None:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization = {gpu_memory_utilization}: expected a fraction in (0, 1]")
         peak = profile_activation_peak(model, max_num_batched_tokens, max_num_seqs)
         free, total = torch.cuda.mem_get_info(p.device)
-        not_torch = (total - free) - torch.cuda.memory_reserved(p.device)
-        budget = gpu_kv_budget(total, gpu_memory_utilization, weight_bytes(model), peak, not_torch)
-        source = (f"{gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB - weights {weight_bytes(model) / 2**30:.2f} "
+        not_torch = max(0, (total - free) - torch.cuda.memory_reserved(p.device))
+        weights = weight_bytes(model)
+        budget = gpu_kv_budget(total, gpu_memory_utilization, weights, peak, not_torch)
+        source = (f"{gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB - weights {weights / 2**30:.2f} "
                   f"- activation peak {peak / 2**30:.2f} (a {max_num_batched_tokens}-token step) - "
                   f"{not_torch / 2**30:.2f} GiB not torch's")
     elif kv_cache_memory is None:
@@ -150,12 +155,19 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(f"KV pool: {budget} bytes ({source}) hold no block of {per_block} bytes")
-    return blocks, f"{blocks} blocks x {per_block} B = {blocks * per_block / 2**20:.1f} MiB ({source})"
+    return blocks, f"{blocks} blocks x {per_block} B = {blocks * per_block / 2**20:.1f} MiB ({source})", peak
 
 
 def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak: int, not_torch: int) -> int:
     """Bytes for the KV pool: utilization x total, minus everything else that must fit beside it."""
-    return int(total * utilization) - weights - activation_peak - not_torch
+    budget = int(total * utilization) - weights - activation_peak - not_torch
+    if budget <= 0:
+        GiB = 2**30
+        raise ValueError(f"gpu_memory_utilization = {utilization} of {total / GiB:.1f} GiB leaves nothing for the KV "
+                         f"pool: weights {weights / GiB:.2f} GiB + activation peak {activation_peak / GiB:.2f} GiB + "
+                         f"{not_torch / GiB:.2f} GiB not torch's; raise gpu_memory_utilization or lower "
+                         f"max_num_batched_tokens")
+    return budget
 
 
 def weight_bytes(model) -> int:

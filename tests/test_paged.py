@@ -235,13 +235,17 @@ def test_gpu_pool_arithmetic_leaves_room_for_weights_activations_and_others():
     GiB = 2**30
     # an 80 GiB GPU at 0.9: 72 GiB for this engine; 16 of weights, 3 of activations, 1 held outside torch
     assert gpu_kv_budget(80 * GiB, 0.9, 16 * GiB, 3 * GiB, 1 * GiB) == 52 * GiB
-    assert gpu_kv_budget(24 * GiB, 0.5, 16 * GiB, 1 * GiB, 0) < 0      # does not fit: kv_pool_size refuses it
+    # 12 GiB of a 24 GiB GPU cannot hold 16 GiB of weights: refused, with the numbers and the knobs
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization = 0.5 of 24.0 GiB leaves nothing for the KV pool: "
+                                         r"weights 16.00 GiB \+ activation peak 1.00 GiB.*max_num_batched_tokens"):
+        gpu_kv_budget(24 * GiB, 0.5, 16 * GiB, 1 * GiB, 0)
 
 
 def test_weight_bytes_count_a_tied_head_once():
     llm = LLM(max_num_seqs=2)                 # the course model ties its head to the embedding
     assert llm.model.lm_head.weight is llm.model.model.embed_tokens.weight
     assert llm.metrics()["weight_bytes"] == 4 * 5_401_856       # fp32, its 5.4M parameters, the shared matrix once
+    assert llm.metrics()["activation_peak_bytes"] is None        # measured on a GPU only
 
 
 @pytest.mark.gpu
@@ -249,11 +253,11 @@ def test_gpu_pool_is_sized_after_a_profiling_forward(model_dir):
     import torch
     llm = LLM(str(model_dir), device="cuda", max_num_batched_tokens=512, gpu_memory_utilization=0.5)
     m = llm.metrics()
-    assert "activation peak" in m["kv_pool_source"] and m["kv_blocks_total"] > 0
+    assert "activation peak" in m["kv_pool_source"] and m["kv_blocks_total"] > 0 and m["activation_peak_bytes"] > 0
     total = torch.cuda.mem_get_info()[1]
-    assert m["kv_cache_bytes"] + m["weight_bytes"] <= 0.5 * total
+    assert m["kv_cache_bytes"] + m["weight_bytes"] + m["activation_peak_bytes"] <= 0.5 * total
     assert llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
-    with pytest.raises(ValueError, match="hold no block"):
+    with pytest.raises(ValueError, match="leaves nothing for the KV pool"):
         LLM(str(model_dir), device="cuda", gpu_memory_utilization=1e-6)
 
 
