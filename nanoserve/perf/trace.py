@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 REGION_PREFIX = "region:"   # perf.region("data") records a span named "region:data"
+KERNEL_PREFIX = "nanoserve::"   # nanoserve's own kernels outside aten (the C paged attention) annotate their calls so
 WINDOW_NAME = "nanoserve.profile"  # the span around the profiled call: its ends are the wall window
 
 # torch's own host annotations that are data loading, whether or not the user labelled them
@@ -141,7 +142,7 @@ def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float,
             elif activity == "user_annotation" and tid != compute_tid and _COMM.search(name):
                 # a collective running on a communication thread (gloo): the CPU's "comm stream"
                 events.append(Event(name, "device", "comm", start, dur, f"thread {tid}"))
-            elif activity == "cpu_op":
+            elif activity == "cpu_op" or name.startswith(KERNEL_PREFIX):   # an operator: compute on this thread
                 flops, nbytes = op_flops_and_bytes(name, k.shapes(), k.dtypes())
                 flops = flops or float(k.flops() or 0)
                 events.append(Event(name, "op", category_of(name), start, dur, f"thread {tid}",
