@@ -81,14 +81,13 @@ class BlockManager:
     def prefix_hashes(self, seq: Sequence) -> list[bytes]:
         """Chained hashes of the full blocks before `seq`'s last token (the blocks a cache hit can cover).
         Kept on the sequence: they only change when it has more tokens (recomputed after a preemption)."""
-        cached = getattr(seq, "_prefix_hashes", None)
-        if cached is not None and cached[0] == seq.num_tokens:
-            return cached[1]
+        if seq.prefix_hashes is not None and seq.prefix_hashes[0] == seq.num_tokens:
+            return seq.prefix_hashes[1]
         bs, parent, hashes = self.block_size, None, []
         for i in range((seq.num_tokens - 1) // bs):
             parent = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
             hashes.append(parent)
-        seq._prefix_hashes = (seq.num_tokens, hashes)
+        seq.prefix_hashes = (seq.num_tokens, hashes)
         return hashes
 
     def first_missing_block(self, seq: Sequence) -> bytes | None:

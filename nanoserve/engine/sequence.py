@@ -33,6 +33,7 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []          # KV blocks holding its positions, in order (chapter 04)
         self.block_hashes: list[bytes] = []       # prefix-cache hashes of its full, computed blocks
+        self.prefix_hashes: tuple[int, list[bytes]] | None = None  # (num_tokens, hashes): BlockManager's memo
         self.finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
         self.stop_reason: int | str | None = None  # the stop token or string that ended it
         self.error: str | None = None             # why a request failed, when it did

@@ -48,22 +48,29 @@ def interpreting() -> bool:
     return HAVE_TRITON and type(norm._rms_norm_kernel).__name__ == "InterpretedFunction"
 
 
-def backend(choice: str | None = None) -> str:
-    """"torch", "cpu" or "triton", from `choice` or else `NANOSERVE_KERNELS` (auto | torch | cpu | triton).
+def backend(choice: str | None = None, device: torch.device | str | None = None) -> str:
+    """"torch", "cpu" or "triton", from `choice` or else `NANOSERVE_KERNELS` (auto | torch | cpu | triton),
+    for a model on `device` (default: cuda when present, else cpu).
 
-    auto: triton when CUDA is present, else cpu when the C kernel builds here, else torch.
+    auto: triton for a model on CUDA; on the CPU, cpu when the C kernel builds here, else torch.
     Forcing "triton" on a CPU runs the kernels in Triton's interpreter: slow, but the same code.
     """
     source = "backend" if choice is not None else "NANOSERVE_KERNELS"
     name = (choice if choice is not None else os.environ.get("NANOSERVE_KERNELS", "auto")).strip().lower() or "auto"
     if name not in BACKENDS:
         raise ValueError(f"{source}={name!r} is not valid: expected one of {', '.join(BACKENDS)}")
+    on = torch.device(device).type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "auto":
-        if HAVE_TRITON and torch.cuda.is_available():
-            return "triton"
+        if on == "cuda":
+            return "triton" if HAVE_TRITON else "torch"
         return "cpu" if cpu_attention.available() else "torch"
     if name == "triton" and not HAVE_TRITON:
         raise RuntimeError(f"{source}=triton but Triton is not installed on this machine")
+    if name == "triton" and on == "cpu" and not interpreting():
+        raise RuntimeError(f"{source}=triton for a model on the CPU: this machine has CUDA, so the kernels were "
+                           "compiled for the GPU; use the torch or cpu backend, or run the model on cuda")
+    if name == "cpu" and on != "cpu":
+        raise RuntimeError(f"{source}=cpu (the C kernel) for a model on {on}: it reads CPU memory only")
     if name == "cpu" and not cpu_attention.available():
         raise RuntimeError(f"{source}=cpu but the C kernel cannot be built: {cpu_attention.unavailable_reason()}")
     return name
@@ -82,11 +89,6 @@ class KernelSet:
     flash_prefill: Callable              # (q, k, v, q_offset, scale, window)
 
 
-def _cpu_decode(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
-    """Decode attention through the C kernel: query i is sequence i's (row i of block_tables)."""
-    return cpu_attention.paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-
-
 def _reference_ops() -> dict:
     return dict(rms_norm=norm.rms_norm_ref, fused_add_rms_norm=norm.fused_add_rms_norm_ref,
                 silu_and_mul=activation.silu_and_mul_ref, rotary_embedding=rotary.rotary_embedding_ref,
@@ -102,24 +104,13 @@ def _triton_ops() -> dict:
 
 
 def select(choice: str | None = None, device: torch.device | str | None = None) -> KernelSet:
-    """The KernelSet for `choice` (or NANOSERVE_KERNELS). Called once, by whoever builds the engine.
-
-    device: where the model runs. The C kernel is for CPU tensors, so "auto" with a CUDA device never
-    picks it; Triton on a CPU tensor needs the interpreter, which is on exactly when there is no CUDA.
-    """
-    name = backend(choice)
-    dev = torch.device(device) if device is not None else None
-    if name == "triton" and dev is not None and dev.type == "cpu" and not interpreting():
-        raise RuntimeError("backend triton for a model on the CPU: this machine has CUDA, so the kernels were "
-                           "compiled for the GPU; use the torch or cpu backend, or run the model on cuda")
-    if name == "cpu" and dev is not None and dev.type != "cpu":
-        name = "torch" if choice is None and "NANOSERVE_KERNELS" not in os.environ else name
-        if name == "cpu":
-            raise RuntimeError(f"backend cpu (the C kernel) for a model on {dev}: it reads CPU memory only")
+    """The KernelSet for `choice` (or NANOSERVE_KERNELS) and a model on `device`. Called once, by whoever
+    builds the engine; see `backend` for how auto chooses."""
+    name = backend(choice, device)
     if name == "triton":
         return KernelSet("triton", **_triton_ops())
-    if name == "cpu":
-        return KernelSet("cpu", **(_reference_ops() | dict(paged_decode_attention=_cpu_decode)))
+    if name == "cpu":   # the references, with decode attention reading the KV blocks in place
+        return KernelSet("cpu", **(_reference_ops() | dict(paged_decode_attention=cpu_attention.paged_attention)))
     return KernelSet("torch", **_reference_ops())
 
 

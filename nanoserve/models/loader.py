@@ -102,9 +102,14 @@ def load(path, device="auto", dtype="auto") -> CausalLM:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{path}: missing tensor(s) {', '.join(repr(n) for n in missing[:3])}{more} "
                               f"(expected shape {list(expected[missing[0]])} for the first)")
-    if cfg.tie_word_embeddings:
+    return install_weights(model, state)
+
+
+def install_weights(model: CausalLM, state: dict[str, torch.Tensor]) -> CausalLM:
+    """Put `state` (name -> tensor, a tied head given as the embedding) into a model built on meta; eval mode."""
+    if model.config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, assign=True, strict=True)
-    if cfg.tie_word_embeddings:
+    if model.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight  # assign=True replaced the shared Parameter
     return model.eval()

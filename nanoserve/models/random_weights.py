@@ -17,7 +17,7 @@ import torch
 
 from nanoserve.models.config import ModelConfig
 from nanoserve.models.decoder import CausalLM
-from nanoserve.models.loader import resolve_dtype
+from nanoserve.models.loader import install_weights, resolve_dtype
 from nanoserve.models.shipped import config_path, real_shape_configs
 from nanoserve.perf import device as resolve_device
 
@@ -64,12 +64,7 @@ def random_model(name_or_config_path, dtype=torch.float32, device="cpu", seed: i
     gen = torch.Generator().manual_seed(seed)
     state = {name: _draw(name, p.shape, gen).to(device=dev, dtype=dt)
              for name, p in model.named_parameters()}   # a tied head appears once, as the embedding
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, assign=True, strict=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight  # assign=True replaced the shared Parameter
-    return model.eval()
+    return install_weights(model, state)
 
 
 def placeholder_tokenizer(vocab_size: int):
