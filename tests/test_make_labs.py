@@ -51,7 +51,7 @@ def test_code_region_becomes_stub_with_hint_and_indentation():
         "def load(i):",
         "    # TODO: return batch i from the prefetch queue",
         "    # (a background thread fills it)",
-        '    raise NotImplementedError("TODO: return batch i from the prefetch queue")',
+        '    raise NotImplementedError("TODO: return batch i from the prefetch queue (a background thread fills it)")',
         "print('after')",
     ]
     compile(out, "<lab cell>", "exec")  # the stub is valid Python
@@ -217,3 +217,11 @@ def test_repo_labs_are_in_sync_with_solutions(capsys):
     n_solutions = len(list((ROOT / "solutions").glob(make_labs.LAB_GLOB)))
     assert status == 0, f"labs/ is out of date; run `make labs`:\n{report.err}"
     assert f"({n_solutions} checked)" in report.out
+
+
+def test_hint_wrapped_over_lines_is_never_cut_mid_sentence():
+    src = ("### BEGIN SOLUTION\n# TODO: profile the slow step, keep it as prof_slow and\n"
+           "# read its breakdown\n#\n# (a second paragraph stays a comment only)\nx = 1\n### END SOLUTION")
+    out, _ = make_labs.strip_solutions(src, "code")
+    assert out.endswith('raise NotImplementedError("TODO: profile the slow step, keep it as prof_slow and read its breakdown")')
+    assert "# (a second paragraph stays a comment only)" in out

@@ -12,7 +12,8 @@ Code cells. A solution region is the lines strictly between a line `### BEGIN SO
   - its hint, the comment lines at the start of the region (up to its first line of code), is kept
     as written, at its own indentation, so the learner sees what to do;
   - then `raise NotImplementedError("TODO: <hint>")` at the indentation of the BEGIN marker, where
-    <hint> is the first non-empty hint line without its `#` and without a leading `TODO:`
+    <hint> is the hint's first paragraph (its comment lines up to a blank one, joined) without the
+    `#`s and without a leading `TODO:`
     ("complete this part" when the region has no hint).
 For example
 
@@ -26,7 +27,7 @@ becomes
 
         # TODO: time the data step and the compute step separately
         # (seconds, summed over all steps)
-        raise NotImplementedError("TODO: time the data step and the compute step separately")
+        raise NotImplementedError("TODO: time the data step and the compute step separately (seconds, summed over all steps)")
 
 and the cell is tagged `raises-exception` (nbval and nbclient then expect its error; the grader,
 `python -m nanoserve.course.grade`, counts it as a failed "not implemented" check).
@@ -108,8 +109,16 @@ def _code_stub(indent: str, body: list[str]) -> list[str]:
         hint_lines.append(line)
     while hint_lines and not hint_lines[-1].strip():
         hint_lines.pop()
-    texts = [_hint_text(line.strip().lstrip("#")) for line in hint_lines]
-    hint = next((t for t in texts if t), DEFAULT_CODE_HINT)
+    # The stub's message is the hint's whole first paragraph (consecutive comment lines), so a hint
+    # wrapped over several lines is never cut mid-sentence.
+    paragraph: list[str] = []
+    for line in hint_lines:
+        text = _hint_text(line.strip().lstrip("#")) if not paragraph else line.strip().lstrip("#").strip()
+        if text:
+            paragraph.append(text)
+        elif paragraph:
+            break
+    hint = " ".join(paragraph) or DEFAULT_CODE_HINT
     return hint_lines + [f"{indent}raise NotImplementedError({_py_string('TODO: ' + hint)})"]
 
 
