@@ -149,6 +149,7 @@ def _sanitize(text: str) -> str:
     ("device(type='cpu')", "device(type='cuda', index=0)"),
     ("tensor([1., 2.])", "tensor([1., 2.], device='cuda:0')"),
     ("on NVIDIA H100 80GB HBM3", "on AMD EPYC 7B13 64-Core Processor"),
+    ("PASS right-beats-wrong: right lever 1.62×, wrong lever 1.05×", "PASS right-beats-wrong: right lever 2.1×, wrong lever 0.97 ×"),
     ("/work/main/nanoserve/course_models/base", "/home/alice/src/nanoserve/nanoserve/course_models/base"),
     ("saved to /tmp/tmpab12cd/out.json", "saved to /private/var/folders/x1/T/out.json"),
     ("/work/main/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py",
@@ -233,3 +234,30 @@ def test_check_diagnosis_with_the_busy_fraction(capsys, diagnosis, passed, says)
     grading.check_diagnosis(diagnosis, {"data": 0.2, "compute": 0.01}, busy_fraction=0.01 / 0.21)
     out = capsys.readouterr().out
     assert out.startswith("PASS diagnosis:" if passed else "FAIL diagnosis:") and says in out, out
+
+
+def test_amdahl_bounds_a_lever_by_the_share_it_touches():
+    assert grading.amdahl(0.25) == pytest.approx(4 / 3)
+    assert grading.amdahl(0.5, 2.0) == pytest.approx(4 / 3)
+    assert grading.amdahl(0.0, 10.0) == 1.0
+    with pytest.raises(ValueError, match="fraction"):
+        grading.amdahl(1.5)
+
+
+@pytest.mark.parametrize("call, passed, says", [
+    (lambda: grading.check_prediction("prediction", 0.50, 0.45, rtol=0.25), True, "predicted 0.5 s, measured 0.45 s"),
+    (lambda: grading.check_prediction("prediction", 0.20, 0.45, rtol=0.25), False, "tolerance 25%"),
+    (lambda: grading.check_prediction("prediction", "fast", 0.45, rtol=0.25), False, "must be a number"),
+    (lambda: grading.check_prediction("prediction", 1.3, 1.25, rtol=0.1, unit="×"), True, "predicted 1.3×"),
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.30, 1.34), True, "against a bound of 1.34×"),
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.50, 1.34), False, "measured 1.50×"),
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.10, None), False, "the bound must be"),
+    (lambda: grading.check_beats("right-beats-wrong", 1.60, 1.05, margin=1.2), True, "right lever 1.60×"),
+    (lambda: grading.check_beats("right-beats-wrong", 1.10, 1.05, margin=1.2), False, "needs 1.20×"),
+])
+def test_prediction_bound_and_beats_checks(capsys, call, passed, says):
+    grading.reset()
+    call()
+    out = capsys.readouterr().out
+    assert grading.results[-1].passed is passed, out
+    assert says in out and out.count("\n") == 1, out

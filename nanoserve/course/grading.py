@@ -9,9 +9,15 @@ A check never raises: a failed check prints a FAIL line and the notebook runs on
 Each check prints exactly one line, `PASS <name>: <detail>` or `FAIL <name>: <detail>`; the grader
 reads those lines back from the executed notebook's outputs (see `parse_line`).
 
-Put numbers in `detail` with their units ("0.051 s", "12.3 tokens/s"): the course's nbval sanitizer
-hides such values when it compares a solution notebook's outputs, so a PASS line stays comparable
-across machines while the learner still sees their own numbers.
+Put numbers in `detail` with their units ("0.051 s", "12.3 tokens/s") and ratios with the sign ×
+("1.42×"): the course's nbval sanitizer hides such values when it compares a solution notebook's
+outputs, so a PASS line stays comparable across machines while the learner still sees their own numbers.
+
+Every lab grades the same steps with the same checks:
+    grading.check_prediction("prediction", predicted_s, measured_s, rtol=0.3)   # Diagnose: a model of the system
+    bound = grading.amdahl(fraction, speedup)                                  # the wrong lever's ceiling
+    grading.check_under_bound("wrong-lever-bound", wrong_gain, bound)          # ... never exceeded
+    grading.check_beats("right-beats-wrong", right_gain, wrong_gain, margin=1.15)
 """
 from __future__ import annotations
 
@@ -101,6 +107,53 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
             return
         busy = ", busy fraction as measured"   # no bare number: PASS lines must compare across machines
     check(name, True, f"bound={bound}, evidence {evidence:.4f} s{busy} ({table})")
+
+
+def amdahl(fraction: float, speedup: float = math.inf) -> float:
+    """The most the whole can speed up when a lever speeds up `fraction` of its time by `speedup`
+    (Amdahl's law: 1 / ((1 - f) + f / s)); with the default, the part becomes free."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be between 0 and 1 (a share of the measured time), got {fraction!r}")
+    if speedup <= 0:
+        raise ValueError(f"speedup must be positive, got {speedup!r}")
+    return 1.0 / ((1.0 - fraction) + fraction / speedup)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_prediction(name: str, predicted: object, measured: float, *, rtol: float, unit: str = "s") -> None:
+    """A prediction from a model of the system (reads × latency, bytes ÷ bandwidth, ...) against the
+    learner's own measurement: PASS when it is within `rtol` (relative) of `measured`.
+    `unit` is printed after both numbers ("s", "ms", "blocks"; "×" for a predicted ratio)."""
+    if not _number(predicted):
+        check(name, False, f"the prediction must be a number ({unit}), got {predicted!r}")
+        return
+    if not _number(measured) or measured == 0:
+        check(name, False, f"the measurement is {measured!r}: measure before predicting")
+        return
+    sep = "" if unit == "×" else " "
+    detail = f"predicted {predicted:.4g}{sep}{unit}, measured {measured:.4g}{sep}{unit}"
+    error = abs(predicted - measured) / abs(measured)
+    check(name, error <= rtol, f"{detail} (tolerance {rtol:.0%})")
+
+
+def check_under_bound(name: str, gain: float, bound: object, *, slack: float = 0.05) -> None:
+    """A lever's measured gain (old time / new time) stays under the bound the profile gave it, within
+    `slack` for noise. A gain above its bound means the profile mis-attributed the time."""
+    if not _number(bound) or bound < 1.0:
+        check(name, False, f"the bound must be a speed-up of at least 1 (old time / new time), got {bound!r}")
+        return
+    check(name, gain <= bound * (1.0 + slack),
+          f"measured {gain:.2f}× against a bound of {bound:.2f}× (slack {slack:.0%})")
+
+
+def check_beats(name: str, right_gain: float, wrong_gain: float, *, margin: float) -> None:
+    """The right lever's gain beats the wrong lever's by at least `margin` (a ratio of the two gains),
+    both measured by the learner against the same baseline."""
+    check(name, right_gain >= wrong_gain * margin,
+          f"right lever {right_gain:.2f}×, wrong lever {wrong_gain:.2f}× (needs {margin:.2f}× between them)")
 
 
 def parse_line(line: str) -> CheckResult | None:
