@@ -6,8 +6,11 @@ PY := .venv/bin/python
 setup:
 	@bash tools/setup_env.sh
 
+# Serves the repository root (chapters/, labs/, solutions/, README in the file browser) and opens
+# chapter 00. As root (the usual user in GPU containers) JupyterLab needs --allow-root.
 lab: setup
-	$(PY) -m jupyterlab chapters/00_the_stack.ipynb
+	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(PY) -m pytest
