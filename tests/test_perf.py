@@ -1,5 +1,6 @@
 """Tests of nanoserve.perf: device choice, timing, peak memory, the hardware table and the roofline."""
 import json
+import os
 import sys
 import time
 
@@ -225,6 +226,21 @@ def test_the_ceiling_cache_keeps_the_best_measurement(tmp_path, monkeypatch):
     assert (cached.fp32_flops, cached.mem_bw) == (250e9, 20e9)
 
 
+def test_the_bandwidth_ceiling_copies_more_than_any_cache(tmp_path, monkeypatch):
+    """The CPU copy touches source + destination: at least twice the last-level cache a machine reports."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sizes = []
+    monkeypatch.setattr(hardware, "_matmul_flops", lambda *a: 1e11)
+    monkeypatch.setattr(hardware, "_copy_bw", lambda nbytes, dev: sizes.append(nbytes) or 1e10)
+    perf.measure_ceilings(device="cpu")
+    try:
+        l3 = os.sysconf("SC_LEVEL3_CACHE_SIZE")
+    except (ValueError, OSError):
+        l3 = 0
+    assert sizes == [hardware.CPU_COPY_BYTES]
+    assert 2 * sizes[0] >= max(2 * (l3 or 0), 1 << 30)
+
+
 # --- roofline ---------------------------------------------------------------------------------------
 
 TOY = perf.Hardware("toy", bf16_flops=100e12, fp32_flops=10e12, mem_bw=1e12, mem_bytes=16e9,
@@ -296,3 +312,14 @@ def test_show_prints_source_with_relative_path(capsys):
     assert "/work/" not in out
     with pytest.raises(TypeError, match="show"):
         show(42)
+
+
+def test_keep_freed_memory_sets_glibc_or_says_it_cannot():
+    import platform
+
+    kept = perf.keep_freed_memory()
+    assert isinstance(kept, bool)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert kept
+    big = torch.ones(4 << 20)          # still allocates and frees as before
+    assert big.sum().item() == 4 << 20

@@ -104,11 +104,21 @@ def _matmul_flops(n: int, dtype: torch.dtype, dev: torch.device) -> float:
     return 2 * n**3 / t.min_s
 
 
+# Copy buffers for the bandwidth ceiling. On a CPU the copy touches twice this (source and destination): 1 GiB,
+# twice the largest last-level cache a VM here reports (480 MiB), so every byte comes from DRAM, not cache.
+CPU_COPY_BYTES = 512 << 20
+GPU_COPY_BYTES = 1 << 30
+
+
 def _copy_bw(nbytes: int, dev: torch.device) -> float:
-    """Best bytes/s of copying a buffer of `nbytes`, counting the read and the write."""
+    """Best bytes/s of copying a buffer of `nbytes`, counting the read and the write.
+
+    The best of 9 timed copies (after 2 warm-ups): a ceiling is what the machine reaches when nothing else
+    gets in the way; on a shared machine the slow runs measure the neighbours, not the memory.
+    """
     src = torch.ones(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
-    t = timeit(dst.copy_, src, warmup=2, repeat=7, device=dev)
+    t = timeit(dst.copy_, src, warmup=2, repeat=9, device=dev)
     return 2 * src.numel() * 4 / t.min_s
 
 
@@ -135,7 +145,7 @@ def measure_ceilings(force: bool = False, device: str | torch.device | None = No
     on_gpu = dev.type == "cuda"
     fp32 = _matmul_flops(8192 if on_gpu else 1024, torch.float32, dev)
     bf16 = _matmul_flops(8192, torch.bfloat16, dev) if on_gpu else None
-    bw = _copy_bw((1 << 30) if on_gpu else (256 << 20), dev)
+    bw = _copy_bw(GPU_COPY_BYTES if on_gpu else CPU_COPY_BYTES, dev)
     if on_gpu:
         props = torch.cuda.get_device_properties(dev)
         name, mem = f"this machine ({props.name})", float(props.total_memory)
