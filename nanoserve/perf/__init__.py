@@ -12,6 +12,7 @@ from nanoserve.perf.device import device, sync
 _LAZY = {   # name -> the module of nanoserve.perf that defines it
     "HARDWARE": "hardware", "Hardware": "hardware", "measure_ceilings": "hardware",
     "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
+    "keep_freed_memory": "memory",
     "peak_memory": "memory", "peak_rss_bytes": "memory",
     "OpStat": "profile", "Profile": "profile", "profile": "profile", "region": "profile",
     "Roofline": "roofline", "plot_roofline": "roofline", "roofline": "roofline",
