@@ -161,4 +161,5 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False   # musl and others: no mallopt
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 40))
+    never_trim = (1 << 31) - 1   # mallopt takes a C int: a larger value wraps, to 0 for 1 << 40 (trim at every free)
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, never_trim))
