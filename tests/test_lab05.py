@@ -1,8 +1,10 @@
 """Lab 05, memory-bound kernels: the classroom grader against the real lab.
 
-- the generated lab (labs/) fails: its three code TODOs (measure, diagnose, right lever) are not implemented;
+- the generated lab (labs/) fails: its four code TODOs (measure, diagnose, the wrong lever's bound, the right
+  lever) are not implemented, and none of the checks they feed passes;
 - the solution (solutions/) passes every check, through the command line as an instructor runs it;
-- a learner who names the matmuls as the bound fails the diagnosis: the check reads their own profile.
+- a learner who names the matmuls as the bound fails the diagnosis: the check reads their own profile;
+- a learner who bounds the wrong lever by the matmuls' profiled share instead of their fit's fails that check.
 
 `tests/test_labs.py` also runs labs/lab05_memory_bound_kernels.ipynb up to its stubs, and nbval re-runs the solution.
 """
@@ -18,12 +20,15 @@ from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edi
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab05_memory_bound_kernels.ipynb"
 LAB = ROOT / "labs" / "lab05_memory_bound_kernels.ipynb"
-CHECKS = ("measured", "diagnosis", "same-outputs", "speedup", "fewer-ops", "bytes")
+CHECKS = ("measured", "prediction", "diagnosis", "wrong-lever-bound", "wrong-lever-under-bound",
+          "same-outputs", "right-beats-wrong", "speedup")
 
 
 @pytest.mark.slow
 def test_grading_lab05_unsolved_fails(tmp_path, capsys):
-    assert_unsolved_fails(LAB, tmp_path, capsys, must_not_pass=("diagnosis", "speedup", "same-outputs", "fewer-ops"))
+    assert_unsolved_fails(LAB, tmp_path, capsys, todos=4,
+                          must_not_pass=("measured", "prediction", "diagnosis", "wrong-lever-bound",
+                                         "right-beats-wrong", "speedup", "same-outputs"))
 
 
 @pytest.mark.slow
@@ -34,9 +39,12 @@ def test_grading_lab05_solution_passes():
 @pytest.mark.slow
 def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
     code, out = grade_edited_solution(SOLUTION, [
-        ('diagnosis = {"bound": "memory-bound", "evidence_s": measured["memory-bound"]}',
+        ('diagnosis = {"bound": max(measured, key=measured.get), "evidence_s": max(measured.values())}',
          'diagnosis = {"bound": "matmul", "evidence_s": measured["matmul"]}'),
+        ("wrong_bound = grading.amdahl(a / sweep[CONTEXT])",
+         'wrong_bound = 1 / (1 - measured["matmul"] / sum(measured.values()))'),
     ], tmp_path, capsys)
     assert code == 1
-    assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says memory-bound dominates", out), out
-    assert re.search(r"PASS\s+speedup\s", out), out
+    assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says kv-read dominates", out), out
+    assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
+    assert re.search(r"PASS\s+prediction\s", out) and re.search(r"PASS\s+speedup\s", out), out
