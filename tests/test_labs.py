@@ -21,8 +21,6 @@ import pytest
 
 from nanoserve.course import grade, grading
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails
-
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 FIXTURE_SOLUTION = TESTS / "fixtures" / "solutions" / "lab00_example.ipynb"
@@ -205,23 +203,6 @@ def test_nbval_ignores_stderr_and_html_but_compares_stdout(tmp_path):
     assert re.search(r"\b3 passed\b", out) and re.search(r"\b1 failed\b", out), out
     assert "FAILED other_machine.ipynb::Cell 3" in out, out
     assert re.search(r"\d+\.\d s  other_machine\.ipynb", out), out  # the per-notebook time summary
-
-
-# --- lab 03, the data pipeline: the grader against the real lab ---------------------------------------
-
-LAB03_SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
-LAB03 = ROOT / "labs" / "lab03_data_pipeline.ipynb"
-LAB03_CHECKS = ("measured", "diagnosis", "same-scores", "speedup", "busy-fraction")
-
-
-@pytest.mark.slow
-def test_grading_lab03_unsolved_fails(tmp_path, capsys):
-    assert_unsolved_fails(LAB03, tmp_path, capsys, must_not_pass=("speedup", "same-scores", "diagnosis"))
-
-
-@pytest.mark.slow
-def test_grading_lab03_solution_passes():
-    assert_solution_passes(LAB03_SOLUTION, LAB03_CHECKS)
 
 
 @pytest.mark.parametrize("diagnosis, passed, says", [

@@ -1,0 +1,48 @@
+"""Lab 03, the data pipeline: the classroom grader against the real lab.
+
+- the generated lab (labs/) fails: its five code TODOs (profile, prediction, diagnosis, the wrong lever's
+  bound, the right lever) are not implemented, and none of the checks they feed passes;
+- the solution (solutions/) passes every check, through the command line as an instructor runs it;
+- a learner who names the model (compute) as the bound fails the diagnosis: the check reads their own
+  profile; one who bounds the faster model by the data share instead of the model's fails that check.
+
+`tests/test_labs.py` also runs labs/lab03_data_pipeline.ipynb up to its stubs, and nbval re-runs the solution.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edited_solution
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
+LAB = ROOT / "labs" / "lab03_data_pipeline.ipynb"
+CHECKS = ("measured", "prediction", "diagnosis", "wrong-lever-bound", "wrong-lever-under-bound",
+          "same-scores", "right-beats-wrong", "speedup")
+
+
+@pytest.mark.slow
+def test_grading_lab03_unsolved_fails(tmp_path, capsys):
+    assert_unsolved_fails(LAB, tmp_path, capsys, todos=5, must_not_pass=CHECKS)
+
+
+@pytest.mark.slow
+def test_grading_lab03_solution_passes():
+    assert_solution_passes(SOLUTION, CHECKS)
+
+
+@pytest.mark.slow
+def test_grading_lab03_wrong_diagnosis_fails(tmp_path, capsys):
+    code, out = grade_edited_solution(SOLUTION, [
+        ('diagnosis = {"bound": "data", "evidence_s": measured["data"], "busy_fraction": prof_slow.busy_fraction}',
+         'diagnosis = {"bound": "compute", "evidence_s": measured["compute"], "busy_fraction": prof_slow.busy_fraction}'),
+        ('wrong_bound = grading.amdahl(measured["compute"] / prof_slow.wall_s)',
+         'wrong_bound = grading.amdahl(measured["data"] / prof_slow.wall_s)'),
+    ], tmp_path, capsys)
+    assert code == 1
+    assert re.search(r"FAIL\s+diagnosis\s+bound=compute but the measurement says data dominates", out), out
+    assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
+    assert re.search(r"PASS\s+prediction\s", out) and re.search(r"PASS\s+speedup\s", out), out
