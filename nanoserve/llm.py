@@ -27,17 +27,31 @@ class LLM:
     at most 1 GiB); gpu_memory_utilization: the fraction of the GPU's memory this engine may use in all
     (weights, the activations of its largest step, measured, and the pool: see kv_pool_size).
     scheduling: "continuous" (default) or "static", the baseline chapter 03 compares against.
+    tensor_parallel_size: shard the model over N ranks (chapter 08). In a plain process this LLM is rank 0
+    and starts ranks 1..N-1 itself; under torchrun or accelerate launch every rank builds its LLM with the
+    same arguments and calls generate, and every rank gets the outputs. Call `shutdown()` (or use
+    `with LLM(...) as llm:`) to stop the workers before building another tensor-parallel LLM.
     """
 
     def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 scheduling: str = "continuous"):
+                 scheduling: str = "continuous", tensor_parallel_size: int = 1):
         from nanoserve.models.shipped import COURSE_MODEL
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
-        self.model = models.load(path, device=dev, dtype=dtype)
+        self.tp = None
+        if tensor_parallel_size != 1:   # checked before any process starts
+            from nanoserve import distributed
+            full_cfg = models.ModelConfig.from_path(path)
+            distributed.check_tensor_parallel_size(full_cfg, tensor_parallel_size, dev)
+        if tensor_parallel_size > 1:
+            from nanoserve.distributed import runtime
+            self.tp = runtime.start(path, full_cfg, tensor_parallel_size, dev, models.loader.resolve_dtype(dtype, dev))
+            self.model, dev = self.tp.model, self.tp.device
+        else:
+            self.model = models.load(path, device=dev, dtype=dtype)
         self.tokenizer = tokenizer_mod.load(path)
         cfg = self.model.config
         if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
@@ -46,7 +60,14 @@ class LLM:
         EngineConfig.check_positive(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                     block_size=block_size)
         wanted_len = max_model_len or min(cfg.max_position_embeddings, 2048)
+        if self.tp is not None and self.tp.rank > 0:   # a launched worker: rank 0 sizes the pool and schedules
+            self.engine = None
+            self.tp.serve()
+            return
         if num_kv_blocks is None:
+            if self.tp is not None and dev.type == "cuda" and kv_cache_memory is None:
+                from nanoserve.distributed.worker import ProfilePeak
+                self.tp.group.send(ProfilePeak(max_num_batched_tokens, max_num_seqs))
             num_kv_blocks, self.kv_pool_source, self.activation_peak_bytes = kv_pool_size(
                 self.model, block_size, max_num_seqs, wanted_len, kv_cache_memory, gpu_memory_utilization,
                 max_num_batched_tokens)
@@ -56,10 +77,27 @@ class LLM:
             max_model_len = min(wanted_len, num_kv_blocks * block_size)
         torch.manual_seed(seed)
         self._request_ids = itertools.count()
-        self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(
+        config = EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling))
+            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling)
+        runner = None
+        if self.tp is not None:
+            from nanoserve.distributed.worker import TensorParallelRunner
+            runner = TensorParallelRunner(self.model, num_kv_blocks, block_size, seed, self.tp.group)
+            self.tp.finish()   # launched ranks return from their LLM(...) now
+        self.engine = LLMEngine(self.model, self.tokenizer, config, runner)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave the process group (a no-op for one process)."""
+        if self.tp is not None:
+            self.tp.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -72,6 +110,19 @@ class LLM:
 
         prompts: a str, a list of str, or a list of token-id lists. sampling_params: one for all, or one per prompt.
         """
+        if self.tp is not None and self.tp.launched:   # every launched rank calls generate; rank 0 runs it
+            if self.tp.rank > 0:
+                return self.tp.serve()
+            try:
+                outputs = self._generate(prompts, sampling_params, use_tqdm)
+            except BaseException as e:
+                self.tp.finish(e)
+                raise
+            self.tp.finish(outputs)
+            return outputs
+        return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -118,7 +169,8 @@ class LLM:
         preemptions, steps, prefill and decode tokens; how the pool was sized (kv_pool_source, with the
         weights and, on a GPU, the measured activation peak beside kv_cache_bytes)."""
         return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source, weight_bytes=weight_bytes(self.model),
-                                            activation_peak_bytes=self.activation_peak_bytes)
+                                            activation_peak_bytes=self.activation_peak_bytes,
+                                            tensor_parallel_size=1 if self.tp is None else self.tp.world_size)
 
 
 def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, kv_cache_memory: int | None = None,

@@ -49,7 +49,8 @@ class EngineConfig:
 
 
 class LLMEngine:
-    def __init__(self, model: CausalLM, tokenizer: Tokenizer | None, config: EngineConfig):
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer | None, config: EngineConfig,
+                 runner: ModelRunner | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         param = next(model.parameters())
         self.device = param.device
@@ -57,7 +58,8 @@ class LLMEngine:
         eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
                                    self.block_manager, eos, config.scheduling)
-        self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed)  # owns the KV pool
+        # the runner owns the KV pool; chapter 08 hands in one that also drives the other ranks
+        self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed)
         self.kv_cache = self.runner.kv_cache
         self.requests: dict[str, Sequence] = {}   # unfinished requests by id
         # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;

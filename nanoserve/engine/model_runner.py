@@ -3,8 +3,13 @@
 The runner owns what the model reads besides its weights: the KV block pool (chapter 04) and the
 attention layer over it, with the kernels chosen once for this engine (chapter 05). Each step's
 metadata is built once, with tensor ops on the device (`attention.StepInputs`), and shared by every layer.
+
+Chapter 08: `forward` takes the step as plain lists (`StepPlan`), so a tensor-parallel worker, which
+holds a shard of the model and no requests, runs exactly the forward that rank 0 runs.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -13,6 +18,21 @@ from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
 from nanoserve.sampling import sample
+
+
+@dataclass
+class StepPlan:
+    """One step as plain data: what every rank needs to run the forward (and nothing about requests)."""
+    token_ids: list[list[int]]     # each sequence's new tokens this step
+    starts: list[int]              # each sequence's tokens already cached
+    block_tables: list[list[int]]
+    sample_rows: list[int]         # which sequences sample a token (a prompt chunk that stops short does not)
+
+    @classmethod
+    def of(cls, batch: list[tuple[Sequence, int]]) -> "StepPlan":
+        return cls([s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n] for s, n in batch],
+                   [s.num_cached_tokens for s, _ in batch], [s.block_table for s, _ in batch],
+                   [i for i, (s, n) in enumerate(batch) if s.num_cached_tokens + n == s.num_tokens])
 
 
 class ModelRunner:
@@ -28,18 +48,23 @@ class ModelRunner:
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> dict:
-        """Forward the batch's new tokens; return {seq_id: sampled token} for sequences that reached their end."""
-        ids, meta = self.inputs.build([s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n] for s, n in batch],
-                                      [s.num_cached_tokens for s, _ in batch], [s.block_table for s, _ in batch])
+    def forward(self, plan: StepPlan) -> torch.Tensor | None:
+        """Forward the step's new tokens; the fp32 logits of the rows that sample, or None if none does."""
+        ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables)
         self.attention.metadata = meta
         hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
-        # a sequence samples once all its known tokens are in (a prompt chunk that stops short does not)
-        sampled = [(i, s) for i, (s, n) in enumerate(batch) if s.num_cached_tokens + n == s.num_tokens]
-        if not sampled:
+        if not plan.sample_rows:
+            return None
+        last_rows = [meta.last_tokens[i] for i in plan.sample_rows]
+        return self.model.lm_head(hidden[last_rows]).float()  # the head only where we sample
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[Sequence, int]]) -> dict:
+        """Forward the batch's new tokens; return {seq_id: sampled token} for sequences that reached their end."""
+        plan = StepPlan.of(batch)
+        logits = self.forward(plan)
+        if logits is None:
             return {}
-        last_rows = [meta.last_tokens[i] for i, _ in sampled]
-        logits = self.model.lm_head(hidden[last_rows]).float()  # the head only where we sample
-        tokens = sample(logits, [s.params for _, s in sampled], [s.generator for _, s in sampled],
-                        self.generator).tolist()
-        return {s.seq_id: t for (_, s), t in zip(sampled, tokens)}
+        sampled = [batch[i][0] for i in plan.sample_rows]
+        tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
+        return {s.seq_id: t for s, t in zip(sampled, tokens)}

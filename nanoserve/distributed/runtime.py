@@ -1,0 +1,77 @@
+"""Chapter 08: this process's part in a tensor-parallel LLM: its rank, its shard, and the group.
+
+`start` is what `LLM(tensor_parallel_size=N)` calls: join the launched group, or spawn the workers;
+then load this rank's shard. Rank 0 gets the `Group` that reaches the others; any other rank (only
+under a launcher) gets a `Worker` that runs what rank 0 sends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.distributed.group import Group, Stop, cpu_threads, join_launched, launched_world, rank_device, spawn_workers
+from nanoserve.distributed.loader import load_shard
+from nanoserve.distributed.sharding import ShardPlan
+from nanoserve.distributed.worker import Worker, receive_broadcast
+from nanoserve.models.config import ModelConfig
+
+
+@dataclass
+class TensorParallel:
+    rank: int
+    world_size: int
+    device: torch.device
+    model: torch.nn.Module            # this rank's shard
+    group: Group | None = None        # rank 0
+    worker: Worker | None = None      # ranks 1..N-1 under a launcher
+    threads_before: int | None = None
+
+    @property
+    def launched(self) -> bool:
+        return self.group is None or not self.group.spawned
+
+    def serve(self):
+        """A launched rank other than 0: run rank 0's steps until it stops; its payload (an error is raised)."""
+        payload = self.worker.serve(receive_broadcast)
+        if isinstance(payload, BaseException):
+            raise payload
+        return payload
+
+    def finish(self, payload=None) -> None:
+        """Rank 0 under a launcher: release the others (from __init__ or generate) with `payload`."""
+        if self.launched and self.rank == 0:
+            self.group.send(Stop(payload))
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
+
+
+def start(path: str, cfg: ModelConfig, world_size: int, device: torch.device, dtype: torch.dtype) -> TensorParallel:
+    if device.type == "cpu" and dtype != torch.float32:
+        raise ValueError(f"tensor parallelism on a CPU runs float32: gloo, its collective backend, has no "
+                         f"{dtype} all-reduce (pass dtype='float32' or 'auto')")
+    threads = None
+    if launched_world() is not None:
+        rank = join_launched(device, world_size)
+        device = rank_device(device, rank)
+        model = load_shard(path, ShardPlan(cfg, rank, world_size), device, dtype)
+        if rank == 0:
+            return TensorParallel(0, world_size, device, model, group=Group(world_size))
+        return TensorParallel(rank, world_size, device, model, worker=Worker(model))
+    device = rank_device(device, 0)
+    if device.type == "cpu":   # the ranks share this machine's cores
+        threads = torch.get_num_threads()
+        torch.set_num_threads(cpu_threads(world_size))
+    try:
+        model = load_shard(path, ShardPlan(cfg, 0, world_size), device, dtype)
+        group = spawn_workers(world_size, device, (str(path), dtype))
+    except BaseException:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        raise
+    return TensorParallel(0, world_size, device, model, group=group, threads_before=threads)

@@ -1,0 +1,84 @@
+"""Chapter 08: what a rank runs. Rank 0 schedules and samples; every rank runs the same forward.
+
+`TensorParallelRunner` is rank 0's ModelRunner: before each forward it sends the step to the other
+ranks, then runs its own shard; the collectives inside the forward meet theirs. `Worker` is every other
+rank: a shard, a KV pool of its own k/v heads, and a loop that runs what rank 0 sends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nanoserve.distributed.group import Group, Stop
+from nanoserve.distributed.loader import load_shard
+from nanoserve.distributed.sharding import ShardPlan
+from nanoserve.engine.model_runner import ModelRunner, StepPlan
+from nanoserve.models.config import ModelConfig
+
+
+@dataclass
+class Setup:
+    """Rank 0 sized the KV pool: every rank allocates the same number of blocks for its heads."""
+    num_kv_blocks: int
+    block_size: int
+    seed: int
+    kernel_backend: str | None = None
+
+
+@dataclass
+class ProfilePeak:
+    """Run the activation-peak forward with rank 0 (on a GPU, where the pool is sized from it)."""
+    num_tokens: int
+    num_sampled: int
+
+
+class TensorParallelRunner(ModelRunner):
+    def __init__(self, model, num_kv_blocks: int, block_size: int, seed: int, group: Group,
+                 kernel_backend: str | None = None):
+        group.send(Setup(num_kv_blocks, block_size, seed, kernel_backend))
+        super().__init__(model, num_kv_blocks, block_size, seed, kernel_backend)
+        self.group = group
+
+    def forward(self, plan: StepPlan):
+        self.group.send(plan)
+        try:
+            return super().forward(plan)
+        except RuntimeError as e:   # a collective failed: say which rank, if one is gone
+            raise self.group.failure(e) from None
+
+
+class Worker:
+    """A rank other than 0."""
+
+    def __init__(self, model):
+        self.model, self.runner = model, None
+
+    @classmethod
+    def build(cls, rank: int, world_size: int, device: torch.device, path: str, dtype: torch.dtype) -> "Worker":
+        plan = ShardPlan(ModelConfig.from_path(path), rank, world_size)
+        return cls(load_shard(path, plan, device, dtype))
+
+    def serve(self, receive):
+        """Run messages from `receive()` until a Stop; returns its payload."""
+        from nanoserve.llm import profile_activation_peak
+        while True:
+            msg = receive()
+            if isinstance(msg, StepPlan):
+                self.runner.forward(msg)
+            elif isinstance(msg, Setup):
+                self.runner = ModelRunner(self.model, msg.num_kv_blocks, msg.block_size, msg.seed, msg.kernel_backend)
+            elif isinstance(msg, ProfilePeak):
+                profile_activation_peak(self.model, msg.num_tokens, msg.num_sampled)
+            elif isinstance(msg, Stop):
+                return msg.payload
+            else:
+                raise TypeError(f"tensor-parallel worker got an unknown message {type(msg).__name__}")
+
+
+def receive_broadcast():
+    """A launched rank's receive: rank 0's next message, by broadcast (bounded by the group's timeout)."""
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
