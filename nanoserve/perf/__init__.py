@@ -1,4 +1,4 @@
-"""Measuring: device choice, timing, peak memory, hardware ceilings, the roofline and the profiler.
+"""Measuring: device choice, timing, peak memory, hardware ceilings, the roofline, the profiler, collectives.
 
 The engine needs only `device` and `sync`, so only they load with `import nanoserve`; every other name
 here loads its module on first use (PEP 562).
@@ -10,7 +10,11 @@ import types
 from nanoserve.perf.device import device, sync
 
 _LAZY = {   # name -> the module of nanoserve.perf that defines it
-    "HARDWARE": "hardware", "Hardware": "hardware", "measure_ceilings": "hardware",
+    "AlphaBeta": "comm", "CollectiveSweep": "comm", "bus_bandwidth": "comm", "collective_time": "comm",
+    "fit_alpha_beta": "comm", "measure_collective": "comm", "plot_collective": "comm",
+    "ring_allgather_time": "comm", "ring_allreduce_time": "comm", "ring_reduce_scatter_time": "comm",
+    "HARDWARE": "hardware", "Hardware": "hardware", "INTERCONNECTS": "hardware", "Interconnect": "hardware",
+    "measure_ceilings": "hardware",
     "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
     "keep_freed_memory": "memory",
     "peak_memory": "memory", "peak_rss_bytes": "memory",

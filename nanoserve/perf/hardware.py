@@ -1,7 +1,9 @@
 """The ceilings of real hardware: peak FLOP/s, memory bandwidth, memory size, interconnect.
 
 `HARDWARE` holds vendor datasheet numbers (dense, i.e. without 2:4 sparsity) for accelerators the
-course talks about. `measure_ceilings()` measures the two ceilings of the machine you are on and
+course talks about. `INTERCONNECTS` holds the links between them (NVLink, PCIe, InfiniBand): the
+bandwidth of one direction, which is the ring model's beta (see `nanoserve.perf.comm`), and a typical
+latency of one ring step, its alpha. `measure_ceilings()` measures the two ceilings of the machine you are on and
 returns them as a row of the same kind, cached per machine under ~/.cache/nanoserve/.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Hardware:
     interconnect: str            # how several of them talk to each other
     interconnect_bw: float | None  # bytes/s per device, as the vendor quotes it (often both directions)
     source: str                  # where the numbers come from
+    interconnect_latency_s: float | None = None  # typical latency of one step of a collective over it, s
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Peak FLOP/s for `dtype` ("bf16", "fp16" or "fp32")."""
@@ -49,28 +52,83 @@ class Hardware:
         return self.peak_flops(dtype) / self.mem_bw
 
 
+# Typical latency of one ring step (the alpha of nanoserve.perf.comm), by kind of link. No datasheet gives
+# these; they are round numbers of the order NCCL's own cost model uses (NVIDIA/nccl, src/graph/tuning.cc,
+# hwLat, Ring: NVLink 0.47-3.4 us, PCI 1.0-5.7 us, network 2.7-9.6 us per step, by protocol; plus a fixed
+# 3.6-10 us per call, baseLat). Order of magnitude, not precision: fit your own with perf.measure_collective.
+NVLINK_LAT, PCIE_LAT, NET_LAT = 1e-6, 2e-6, 5e-6
+_NCCL_TUNING = "NCCL's cost model, https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc (hwLat)"
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """A link between accelerators, as the ring cost model sees it.
+
+    bw: bytes/s in ONE direction per device (vendors often quote both directions added: NVLink 4's
+    "900 GB/s" is 450 GB/s each way); this is beta, and what nccl-tests' bus bandwidth approaches.
+    latency_s: a typical latency of one ring step (alpha): a round number, not a measured one.
+    """
+
+    name: str
+    bw: float
+    latency_s: float
+    source: str
+
+    def collective_time(self, op: str, nbytes: float, world_size: int) -> float:
+        """The ring model's seconds for `op` on `nbytes` over `world_size` devices joined by this link."""
+        from nanoserve.perf.comm import collective_time
+        return collective_time(op, nbytes, world_size, self.latency_s, self.bw)
+
+
+INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in [
+    Interconnect("NVLink 4 (H100/H200 SXM)", 450 * G, NVLINK_LAT,
+                 "NVIDIA H100 / H200 datasheets and https://www.nvidia.com/en-us/data-center/nvlink/ "
+                 "(900 GB/s per GPU, both directions, 18 links); latency typical, after " + _NCCL_TUNING),
+    Interconnect("NVLink 3 (A100 SXM)", 300 * G, NVLINK_LAT,
+                 "NVIDIA A100 datasheet (600 GB/s per GPU, both directions, 12 links); latency typical, after "
+                 + _NCCL_TUNING),
+    Interconnect("PCIe Gen5 x16", 64 * G, PCIE_LAT,
+                 "PCI-SIG PCI Express Base Specification 5.0, https://pcisig.com/specifications "
+                 "(32 GT/s x 16 lanes, 128b/130b: about 63 GB/s each direction; 128 GB/s both); latency typical, "
+                 "after " + _NCCL_TUNING),
+    Interconnect("PCIe Gen4 x16", 32 * G, PCIE_LAT,
+                 "PCI-SIG PCI Express Base Specification 4.0, https://pcisig.com/specifications "
+                 "(16 GT/s x 16 lanes: about 32 GB/s each direction); latency typical, after " + _NCCL_TUNING),
+    Interconnect("InfiniBand NDR 400 Gb/s", 50 * G, NET_LAT,
+                 "NVIDIA Quantum-2 InfiniBand / ConnectX-7, https://www.nvidia.com/en-us/networking/quantum2/ "
+                 "(400 Gb/s per port = 50 GB/s each direction; one port per GPU in a DGX H100); latency typical "
+                 "end to end through NCCL, after " + _NCCL_TUNING),
+]}
+
+
 HARDWARE: dict[str, Hardware] = {h.name: h for h in [
     Hardware("H100 SXM", 989.4 * T, 66.9 * T, 3.35e12, 80e9, "NVLink 4 (18 links)", 900 * G,
              "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/ "
-             "(BF16 1,979 TFLOPS is with sparsity; dense is half)"),
+             "(BF16 1,979 TFLOPS is with sparsity; dense is half)",
+             interconnect_latency_s=NVLINK_LAT),
     Hardware("H200 SXM", 989.4 * T, 66.9 * T, 4.8e12, 141e9, "NVLink 4 (18 links)", 900 * G,
              "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/ "
-             "(same GH100 compute as H100 SXM; BF16 1,979 TFLOPS is with sparsity)"),
+             "(same GH100 compute as H100 SXM; BF16 1,979 TFLOPS is with sparsity)",
+             interconnect_latency_s=NVLINK_LAT),
     Hardware("A100 80GB SXM", 312 * T, 19.5 * T, 2.039e12, 80e9, "NVLink 3 (12 links)", 600 * G,
-             "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/"),
+             "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/",
+             interconnect_latency_s=NVLINK_LAT),
     Hardware("L4", 121 * T, 30.3 * T, 300e9, 24e9, "PCIe Gen4 x16 (no NVLink)", 64 * G,
              "NVIDIA L4 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/l4/ "
-             "(BF16 242 TFLOPS is with sparsity)"),
+             "(BF16 242 TFLOPS is with sparsity)",
+             interconnect_latency_s=PCIE_LAT),
     Hardware("RTX 4090", 165.2 * T, 82.6 * T, 1008e9, 24e9, "PCIe Gen4 x16 (no NVLink)", 64 * G,
              "NVIDIA Ada Lovelace GPU Architecture whitepaper, appendix A "
-             "(BF16/FP16 tensor with FP32 accumulate; 330 TFLOPS is FP16 accumulate)"),
+             "(BF16/FP16 tensor with FP32 accumulate; 330 TFLOPS is FP16 accumulate)",
+             interconnect_latency_s=PCIE_LAT),
     Hardware("MI300X", 1307.4 * T, 81.7 * T, 5.3e12, 192e9, "AMD Infinity Fabric (7 links)", 896 * G,
              "AMD Instinct MI300X data sheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
-             "(fp32 is vector; matrix fp32 is 163.4 TFLOPS)"),
+             "(fp32 is vector; matrix fp32 is 163.4 TFLOPS; no interconnect latency: AMD publishes none)"),
     Hardware("DGX Spark", 125 * T, 31 * T, 273e9, 128e9, "ConnectX-7 200 GbE (two units)", 25 * G,
              "NVIDIA DGX Spark product page, https://www.nvidia.com/en-us/products/workstations/dgx-spark/ "
              "(1 PFLOP FP4 with sparsity; bf16 dense derived as 1/8 of that, not published; "
-             "fp32 ~31 TFLOPS from NVIDIA's Hot Chips 2025 GB10 talk; 128 GB LPDDR5x shared by CPU and GPU)"),
+             "fp32 ~31 TFLOPS from NVIDIA's Hot Chips 2025 GB10 talk; 128 GB LPDDR5x shared by CPU and GPU)",
+             interconnect_latency_s=NET_LAT),
 ]}
 
 
