@@ -323,3 +323,30 @@ def test_keep_freed_memory_sets_glibc_or_says_it_cannot():
         assert kept
     big = torch.ones(4 << 20)          # still allocates and frees as before
     assert big.sum().item() == 4 << 20
+
+
+def test_keep_freed_memory_every_size_reuses_big_tensors_without_page_faults():
+    # in a child process: the setting is process-wide and keeps freed memory until exit
+    import platform
+    import subprocess
+    import sys
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    code = (
+        "import resource, torch\n"
+        "from nanoserve import perf\n"
+        "assert perf.keep_freed_memory(every_size=True)\n"
+        "def faults(n):\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    torch.ones(n)\n"                 # 256 MB, allocated, written and freed
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+        "n = 64 << 20\n"
+        "first, later = faults(n), [faults(n) for _ in range(8)]\n"
+        "print(first, later)\n"
+        # 65536 4-KiB pages the first time. mmap'd (the default above 32 MB) every call faults them all again;
+        # kept, most calls reuse the freed block (a small allocation landing in it can cost one more fault-in)
+        "assert first > 10_000 and sum(later) < 3 * first, (first, later)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -138,11 +138,11 @@ def has_time_v() -> bool:
     return shutil.which(TIME_BIN) is not None
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # mallopt parameters, from glibc's <malloc.h>
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4   # mallopt parameters, from glibc's <malloc.h>
 _MMAP_THRESHOLD_MAX = 32 << 20                      # glibc's largest allowed value on 64-bit machines
 
 
-def keep_freed_memory() -> bool:
+def keep_freed_memory(every_size: bool = False) -> bool:
     """Ask the C allocator to keep freed memory in the process instead of handing it back to the OS.
 
     By default glibc serves a big allocation with a fresh mmap (or trims the heap after a big free), so a
@@ -150,6 +150,11 @@ def keep_freed_memory() -> bool:
     measured, that can double a CPU decode step, and whether it happens depends on the allocation history,
     so timings jump between two levels. PyTorch's CUDA caching allocator keeps its blocks for the same
     reason. Allocations up to 32 MB then come from the heap, and the heap is never trimmed.
+    `every_size=True` also turns glibc's mmap off (M_MMAP_MAX = 0), so allocations above 32 MB come from the
+    heap as well and a freed tensor of hundreds of MB is reused by the next one of its size, not mapped and
+    zeroed again: without it, timing an elementwise op on tensors far bigger than the cache times page faults
+    (chapter 05's eager rms_norm on 134 MB tensors: 2.8 times its bytes over bandwidth). Freed memory then
+    stays with the process until it exits.
     Returns True when set (Linux with glibc), False elsewhere, where nothing changes.
     """
     if not sys.platform.startswith("linux"):
@@ -162,4 +167,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False   # musl and others: no mallopt
     never_trim = (1 << 31) - 1   # mallopt takes a C int: a larger value wraps, to 0 for 1 << 40 (trim at every free)
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, never_trim))
+    kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, never_trim))
+    if every_size:
+        kept = bool(mallopt(_M_MMAP_MAX, 0)) and kept
+    return kept
