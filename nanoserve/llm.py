@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 from tqdm.auto import tqdm
 
 from nanoserve import models, tokenizer as tokenizer_mod
 from nanoserve.engine import EngineConfig, LLMEngine
+from nanoserve.engine.model_runner import profile_activation_peak
 from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.attention import PagedKVCache
 from nanoserve.perf import device as resolve_device
@@ -42,7 +44,7 @@ class LLM:
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
         self.tp = None
-        if tensor_parallel_size != 1:   # checked before any process starts
+        if type(tensor_parallel_size) is not int or tensor_parallel_size != 1:   # checked before any process starts
             from nanoserve import distributed
             full_cfg = models.ModelConfig.from_path(path)
             distributed.check_tensor_parallel_size(full_cfg, tensor_parallel_size, dev)
@@ -50,6 +52,7 @@ class LLM:
             from nanoserve.distributed import runtime
             self.tp = runtime.start(path, full_cfg, tensor_parallel_size, dev, models.loader.resolve_dtype(dtype, dev))
             self.model, dev = self.tp.model, self.tp.device
+            weakref.finalize(self, self.tp.shutdown)   # at exit, or when this LLM is dropped, if shutdown() was not called
         else:
             self.model = models.load(path, device=dev, dtype=dtype)
         self.tokenizer = tokenizer_mod.load(path)
@@ -225,21 +228,3 @@ def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak:
 def weight_bytes(model) -> int:
     """Bytes of the model's parameters (a tied embedding and head counted once)."""
     return sum(t.numel() * t.element_size() for t in {id(t): t for t in model.parameters()}.values())
-
-
-@torch.inference_mode()
-def profile_activation_peak(model, num_tokens: int, num_sampled: int) -> int:
-    """Peak bytes a forward of the largest step allocates beyond what is already held (weights): a
-    prefill of `num_tokens` tokens, the head on `num_sampled` rows, as the engine runs it."""
-    dev = next(model.parameters()).device
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    before = torch.cuda.memory_allocated(dev)
-    ids = torch.zeros(1, num_tokens, dtype=torch.long, device=dev)
-    hidden = model.hidden_states(ids)[0]
-    model.lm_head(hidden[-min(num_sampled, num_tokens):]).float().softmax(-1)
-    torch.cuda.synchronize(dev)
-    peak = torch.cuda.max_memory_allocated(dev) - before
-    del ids, hidden
-    torch.cuda.empty_cache()
-    return peak

@@ -4,7 +4,7 @@ Two ways to get N ranks, one engine:
 
 - Started by the engine: `LLM(tensor_parallel_size=N)` in a plain process (a script, a notebook) is
   rank 0 and starts ranks 1..N-1 itself, as vLLM and nano-vllm do. Each is a fresh interpreter,
-  `python -m nanoserve.distributed.group`, never a fork: a forked child inherits the parent's threads
+  `python -m nanoserve.distributed.worker`, never a fork: a forked child inherits the parent's threads
   (OpenMP's, Jupyter's) in whatever state they were, and CUDA cannot be forked at all.
   multiprocessing's "spawn" also starts fresh, but it re-imports the parent's main script, which then
   needs an `if __name__ == "__main__":` guard; starting the module directly needs none, and works the
@@ -31,10 +31,11 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+from nanoserve.distributed.launch import free_port
 
 import torch
 import torch.distributed as dist
@@ -71,12 +72,6 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 def cpu_threads(world_size: int) -> int:
     """Cores per rank on a CPU, at least one: N ranks share the machine's cores."""
     return max(1, (os.cpu_count() or 1) // world_size)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stop:
@@ -177,7 +172,7 @@ def spawn_workers(world_size: int, device: torch.device, build_args: tuple) -> G
     try:
         for rank in range(1, world_size):
             ours, theirs = socket.socketpair()
-            procs.append(subprocess.Popen([sys.executable, "-m", "nanoserve.distributed.group", str(theirs.fileno())],
+            procs.append(subprocess.Popen([sys.executable, "-m", "nanoserve.distributed.worker", str(theirs.fileno())],
                                           pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL))
             theirs.close()
             conns.append(Connection(ours.detach()))
@@ -199,39 +194,3 @@ def spawn_workers(world_size: int, device: torch.device, build_args: tuple) -> G
         group.shutdown(graceful=False)
         raise
     return group
-
-
-def worker_main(conn: Connection) -> None:
-    """A started rank: load the shard, join the group, then run what rank 0 sends until it says stop."""
-    from nanoserve.distributed.worker import Worker    # here: only a worker process needs it
-    rank, world_size, port, device_type, build_args = pickle.loads(conn.recv_bytes())
-    try:
-        dev = rank_device(torch.device(device_type), rank)
-        if dev.type == "cpu":
-            torch.set_num_threads(cpu_threads(world_size))
-        worker = Worker.build(rank, world_size, dev, *build_args)
-        conn.send_bytes(pickle.dumps("ready"))
-    except Exception:
-        conn.send_bytes(pickle.dumps(traceback.format_exc(limit=4)))
-        return
-    dist.init_process_group(backend_for(dev), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout_s()))
-
-    def receive():
-        try:
-            return pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):   # rank 0 is gone: nothing left to serve
-            return Stop()
-
-    try:
-        worker.serve(receive)
-    finally:
-        conn.close()
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
-
-
-if __name__ == "__main__":   # a worker process, started by spawn_workers with its end of a socket pair
-    worker_main(Connection(int(sys.argv[1])))

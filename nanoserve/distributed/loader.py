@@ -12,7 +12,6 @@ from safetensors import safe_open
 
 from nanoserve.distributed.layers import RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 from nanoserve.distributed.sharding import ShardPlan
-from nanoserve.models.config import ModelConfig
 from nanoserve.models.decoder import CausalLM
 from nanoserve.models.loader import _IGNORED_SUFFIXES, CheckpointError, install_weights, weight_files
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from nanoserve.distributed.group import Group, Stop, cpu_threads, join_launched, launched_world, rank_device, spawn_workers
 from nanoserve.distributed.loader import load_shard
@@ -44,8 +45,17 @@ class TensorParallel:
             self.group.send(Stop(payload))
 
     def shutdown(self) -> None:
+        if self.launched and dist.is_initialized():
+            # every launched rank leaves together: a rank that tears its group down while another still
+            # reads from it makes gloo abort that process
+            try:
+                dist.barrier()
+            except Exception:
+                pass
         if self.group is not None:
             self.group.shutdown()
+        elif dist.is_initialized():
+            dist.destroy_process_group()
         if self.threads_before is not None:
             torch.set_num_threads(self.threads_before)
             self.threads_before = None
@@ -62,7 +72,7 @@ def start(path: str, cfg: ModelConfig, world_size: int, device: torch.device, dt
         model = load_shard(path, ShardPlan(cfg, rank, world_size), device, dtype)
         if rank == 0:
             return TensorParallel(0, world_size, device, model, group=Group(world_size))
-        return TensorParallel(rank, world_size, device, model, worker=Worker(model))
+        return TensorParallel(rank, world_size, device, model, worker=Worker(model, rank))
     device = rank_device(device, 0)
     if device.type == "cpu":   # the ranks share this machine's cores
         threads = torch.get_num_threads()

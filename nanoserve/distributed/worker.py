@@ -6,15 +6,20 @@ rank: a shard, a KV pool of its own k/v heads, and a loop that runs what rank 0 
 """
 from __future__ import annotations
 
+import pickle
+import sys
+import traceback
 from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
 
-from nanoserve.distributed.group import Group, Stop
+from nanoserve.distributed.group import Group, Stop, backend_for, cpu_threads, rank_device, timeout_s
 from nanoserve.distributed.loader import load_shard
 from nanoserve.distributed.sharding import ShardPlan
-from nanoserve.engine.model_runner import ModelRunner, StepPlan
+from nanoserve.engine.model_runner import ModelRunner, StepPlan, profile_activation_peak
 from nanoserve.models.config import ModelConfig
 
 
@@ -52,17 +57,18 @@ class TensorParallelRunner(ModelRunner):
 class Worker:
     """A rank other than 0."""
 
-    def __init__(self, model):
-        self.model, self.runner = model, None
+    def __init__(self, model, rank: int):
+        self.model, self.rank, self.runner = model, rank, None
 
     @classmethod
     def build(cls, rank: int, world_size: int, device: torch.device, path: str, dtype: torch.dtype) -> "Worker":
         plan = ShardPlan(ModelConfig.from_path(path), rank, world_size)
-        return cls(load_shard(path, plan, device, dtype))
+        return cls(load_shard(path, plan, device, dtype), rank)
 
-    def serve(self, receive):
-        """Run messages from `receive()` until a Stop; returns its payload."""
-        from nanoserve.llm import profile_activation_peak
+    def serve(self, receive, reply=None):
+        """Run messages from `receive()` until a Stop; returns its payload. `reply(obj)` answers rank 0."""
+        from nanoserve.distributed.profiling import RankProfiler, StartProfile, StopProfile
+        profiler = RankProfiler()
         while True:
             msg = receive()
             if isinstance(msg, StepPlan):
@@ -71,6 +77,10 @@ class Worker:
                 self.runner = ModelRunner(self.model, msg.num_kv_blocks, msg.block_size, msg.seed, msg.kernel_backend)
             elif isinstance(msg, ProfilePeak):
                 profile_activation_peak(self.model, msg.num_tokens, msg.num_sampled)
+            elif isinstance(msg, StartProfile):
+                profiler.start()
+            elif isinstance(msg, StopProfile):
+                reply(profiler.stop(self.rank))
             elif isinstance(msg, Stop):
                 return msg.payload
             else:
@@ -82,3 +92,38 @@ def receive_broadcast():
     box = [None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def worker_main(conn: Connection) -> None:
+    """A started rank: load the shard, join the group, then run what rank 0 sends until it says stop."""
+    rank, world_size, port, device_type, build_args = pickle.loads(conn.recv_bytes())
+    try:
+        dev = rank_device(torch.device(device_type), rank)
+        if dev.type == "cpu":
+            torch.set_num_threads(cpu_threads(world_size))
+        worker = Worker.build(rank, world_size, dev, *build_args)
+        conn.send_bytes(pickle.dumps("ready"))
+    except Exception:
+        conn.send_bytes(pickle.dumps(traceback.format_exc(limit=4)))
+        return
+    dist.init_process_group(backend_for(dev), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s()))
+
+    def receive():
+        try:
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):   # rank 0 is gone: nothing left to serve
+            return Stop()
+
+    try:
+        worker.serve(receive, lambda obj: conn.send_bytes(pickle.dumps(obj)))
+    finally:
+        conn.close()
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+if __name__ == "__main__":   # a worker process, started by group.spawn_workers with its end of a socket pair
+    worker_main(Connection(int(sys.argv[1])))

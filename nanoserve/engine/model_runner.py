@@ -68,3 +68,21 @@ class ModelRunner:
         sampled = [batch[i][0] for i in plan.sample_rows]
         tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
         return {s.seq_id: t for s, t in zip(sampled, tokens)}
+
+
+@torch.inference_mode()
+def profile_activation_peak(model, num_tokens: int, num_sampled: int) -> int:
+    """Peak bytes a forward of the largest step allocates beyond what is already held (weights): a
+    prefill of `num_tokens` tokens, the head on `num_sampled` rows, as the engine runs it."""
+    dev = next(model.parameters()).device
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    ids = torch.zeros(1, num_tokens, dtype=torch.long, device=dev)
+    hidden = model.hidden_states(ids)[0]
+    model.lm_head(hidden[-min(num_sampled, num_tokens):]).float().softmax(-1)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before
+    del ids, hidden
+    torch.cuda.empty_cache()
+    return peak
