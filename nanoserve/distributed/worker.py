@@ -126,4 +126,6 @@ def worker_main(conn: Connection) -> None:
 
 
 if __name__ == "__main__":   # a worker process, started by group.spawn_workers with its end of a socket pair
-    worker_main(Connection(int(sys.argv[1])))
+    # run the imported module's function, not this __main__ copy: the messages unpickle as its classes
+    from nanoserve.distributed.worker import worker_main as main
+    main(Connection(int(sys.argv[1])))
