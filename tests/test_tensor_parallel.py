@@ -222,3 +222,13 @@ def test_profile_ranks_reports_every_rank_with_communication():
         assert r["comm_s"] > 0 and r["breakdown"]["comm"] > 0   # the all-reduces show up on both ranks
     # the workers' windows are the call's, not rank 0's analysis after it
     assert reports[1]["wall_s"] < 2 * reports[0]["wall_s"] + 0.5
+
+
+def test_dropping_a_shut_down_llm_leaves_the_next_one_running():
+    # the first LLM's finalizer runs when `llm` is rebound: it must not destroy the second's group
+    with LLM(tensor_parallel_size=2, device="cpu") as llm:
+        pass
+    with LLM(tensor_parallel_size=2, device="cpu") as llm:
+        import gc
+        gc.collect()
+        assert llm.generate(["Once"], SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0].token_ids

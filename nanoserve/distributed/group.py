@@ -92,6 +92,7 @@ class Group:
         self.world_size = world_size
         self.procs, self.conns = procs, conns     # set when this process started the workers
         self.broken: str | None = None
+        self.closed = False
 
     @property
     def spawned(self) -> bool:
@@ -126,6 +127,9 @@ class Group:
         return TensorParallelError(f"tensor-parallel engine stopped: {self.broken}")
 
     def shutdown(self, graceful: bool = True) -> None:
+        if self.closed:   # once: a later call (a finalizer) must not tear down a newer LLM's group
+            return
+        self.closed = True
         if self.spawned:
             for conn in self.conns:
                 try:

@@ -27,6 +27,7 @@ class TensorParallel:
     group: Group | None = None        # rank 0
     worker: Worker | None = None      # ranks 1..N-1 under a launcher
     threads_before: int | None = None
+    closed: bool = False
 
     @property
     def launched(self) -> bool:
@@ -45,6 +46,9 @@ class TensorParallel:
             self.group.send(Stop(payload))
 
     def shutdown(self) -> None:
+        if self.closed:   # once: a later call (a finalizer) must not tear down a newer LLM's group
+            return
+        self.closed = True
         if self.launched and dist.is_initialized():
             # every launched rank leaves together: a rank that tears its group down while another still
             # reads from it makes gloo abort that process
