@@ -39,6 +39,13 @@ from nanoserve.distributed.launch import free_port
 
 import torch
 import torch.distributed as dist
+# Imported before any group exists, on purpose. Its functions take `group=group.WORLD` as a default
+# argument, evaluated when the module is first imported: imported after init_process_group (as
+# torch._dynamo imports it, and building a model on the meta device imports torch._dynamo) the
+# defaults keep the default group alive after destroy_process_group, with its gloo threads running
+# into interpreter exit, where one of them can abort the process ("terminate called without an
+# active exception", exit -6) after all the work is done. Imported now, the defaults are None.
+import torch.distributed.nn.functional  # noqa: F401
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # where `import nanoserve` finds this copy
 STARTUP_TIMEOUT_S = 300.0     # loading a shard can be slow on a loaded machine; bounded all the same
