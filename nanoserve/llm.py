@@ -33,16 +33,25 @@ class LLM:
     and starts ranks 1..N-1 itself; under torchrun or accelerate launch every rank builds its LLM with the
     same arguments and calls generate, and every rank gets the outputs. Call `shutdown()` (or use
     `with LLM(...) as llm:`) to stop the workers before building another tensor-parallel LLM.
+    compilation: "eager" (the default) or "compile": decode steps padded to batch buckets and run through
+    torch.compile, one graph per bucket, compiled on first use (chapter 06); "cudagraph" is not there yet.
+    enforce_eager=True (vLLM's name) means "eager" whatever `compilation` says.
     """
 
     def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 scheduling: str = "continuous", tensor_parallel_size: int = 1):
+                 scheduling: str = "continuous", tensor_parallel_size: int = 1, compilation: str | None = None,
+                 enforce_eager: bool = False):
         from nanoserve.models.shipped import COURSE_MODEL
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
+        from nanoserve.engine.compiled_decode import resolve_mode
+        compilation = resolve_mode(compilation, enforce_eager, dev)   # a ValueError before anything loads
+        if compilation != "eager" and tensor_parallel_size != 1:
+            raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {tensor_parallel_size}: "
+                             f"a sharded engine runs eager for now")
         self.tp = None
         if type(tensor_parallel_size) is not int or tensor_parallel_size != 1:   # checked before any process starts
             from nanoserve import distributed
@@ -83,7 +92,7 @@ class LLM:
         config = EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling)
+            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling, compilation=compilation)
         runner = None
         if self.tp is not None:
             from nanoserve.distributed.worker import TensorParallelRunner

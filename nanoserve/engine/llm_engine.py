@@ -32,6 +32,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     scheduling: str = "continuous"       # or "static", the baseline chapter 03 measures against
+    compilation: str = "eager"           # or "compile": decode steps through torch.compile (chapter 06)
 
     def __post_init__(self):
         self.check_positive(**{name: getattr(self, name) for name in (
@@ -59,7 +60,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
                                    self.block_manager, eos, config.scheduling)
         # the runner owns the KV pool; chapter 08 hands in one that also drives the other ranks
-        self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed)
+        self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed,
+                                            compilation=config.compilation, max_num_seqs=config.max_num_seqs)
         self.kv_cache = self.runner.kv_cache
         self.requests: dict[str, Sequence] = {}   # unfinished requests by id
         # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;
@@ -177,7 +179,14 @@ class LLMEngine:
                     kv_cache_bytes=self.kv_cache.nbytes,
                     prefix_cache_hit_rate=b.hit_tokens / b.queried_tokens if b.queried_tokens else 0.0,
                     prefix_cache_hit_tokens=b.hit_tokens, prefix_cache_queried_tokens=b.queried_tokens,
-                    num_preemptions=s.num_preemptions, **self.stats)
+                    num_preemptions=s.num_preemptions, **self.compile_metrics(), **self.stats)
+
+    def compile_metrics(self) -> dict:
+        """Chapter 06: the compilation mode, graphs compiled, and recompiles (a bucket compiled twice)."""
+        compiled = getattr(self.runner, "compiled", None)
+        return dict(compilation=self.config.compilation,
+                    num_compiles=compiled.num_compiles if compiled else 0,
+                    num_recompiles=compiled.num_recompiles if compiled else 0)
 
 
 def request_metrics(seq: Sequence) -> dict:

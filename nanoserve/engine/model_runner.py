@@ -37,12 +37,18 @@ class StepPlan:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_kv_blocks: int, block_size: int, seed: int = 0,
-                 kernel_backend: str | None = None):
+                 kernel_backend: str | None = None, compilation: str = "eager", max_num_seqs: int = 32):
         param = next(model.parameters())
         self.model, self.device = model, param.device
         self.ops = kernels.select(kernel_backend, self.device)   # once: NANOSERVE_KERNELS or the argument
         model.use_kernels(self.ops)
-        self.kv_cache = PagedKVCache(model.config, num_kv_blocks, block_size, param.device, param.dtype)
+        # chapter 06: compiled decode pads its batches with rows that write into one extra, unowned block
+        extra = 1 if compilation == "compile" else 0
+        self.kv_cache = PagedKVCache(model.config, num_kv_blocks + extra, block_size, param.device, param.dtype)
+        self.compiled = None
+        if compilation == "compile":
+            from nanoserve.engine.compiled_decode import CompiledDecode
+            self.compiled = CompiledDecode(model, self.kv_cache, max_num_seqs, scratch_block=num_kv_blocks)
         self.attention = PagedAttention(self.kv_cache, model.config, self.ops)
         self.inputs = StepInputs(block_size, self.device)
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
@@ -50,6 +56,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> torch.Tensor | None:
         """Forward the step's new tokens; the fp32 logits of the rows that sample, or None if none does."""
+        if self.compiled is not None and self.compiled.accepts(plan) and len(plan.sample_rows) == len(plan.token_ids):
+            return self.compiled.forward(plan)     # a decode step: its bucket's graph (every row samples)
         ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables)
         self.attention.metadata = meta
         hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]

@@ -1,0 +1,135 @@
+"""Chapter 06: decode steps at a few static shapes, so torch.compile can run each as one graph.
+
+A decode step's shapes change every step: how many sequences decode, and how many KV blocks each reads.
+A compiled graph is specialised to its shapes, so we make them few. The batch is padded up to a bucket
+(1, 2, 4, 8, then steps of 8, as vLLM and nano-vllm do), and every block table to a width bucket (a power
+of two of blocks). Padding rows write their key and value into a scratch block that no sequence owns and
+attend only to it; their logits are dropped. One graph per (batch, width) bucket, compiled the first
+time the bucket is used; prefills, mixed steps and batches above the largest bucket run eager.
+
+Attention here gathers each row's (padded) blocks and masks past its length, with PyTorch ops only, so
+the whole step, attention included, is one graph with no breaks.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+import numpy as np
+import torch
+import torch._dynamo
+
+from nanoserve.attention.functional import decode_attention
+
+MODES = ("eager", "compile", "cudagraph")
+
+
+def batch_buckets(max_num_seqs: int) -> list[int]:
+    """Decode batch sizes with a graph: 1, 2, 4, 8, then steps of 8, the last one covering max_num_seqs."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 8))
+    return sizes + [-(-max_num_seqs // 8) * 8 if max_num_seqs > 8 else max_num_seqs]
+
+
+def width_bucket(blocks: int) -> int:
+    """Block-table width with a graph: the next power of two."""
+    return 1 << max(0, blocks - 1).bit_length()
+
+
+def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.device) -> str:
+    """The compilation mode an LLM runs: its argument checked against the device; vLLM's enforce_eager wins."""
+    if enforce_eager:
+        return "eager"
+    if compilation is None:
+        return "eager"   # the CPU default (compiling costs tens of seconds there) and, until CUDA graphs land, CUDA's
+    if compilation not in MODES:
+        raise ValueError(f"compilation = {compilation!r}: expected one of {', '.join(map(repr, MODES))}")
+    if compilation == "cudagraph":
+        if device.type != "cuda":
+            raise ValueError(f"compilation = 'cudagraph' needs a CUDA device; this LLM runs on {device.type!r} "
+                             f"(use 'compile' or 'eager')")
+        raise ValueError("compilation = 'cudagraph' is not implemented yet (chapter 06): use 'compile' or 'eager'")
+    return compilation
+
+
+class StaticDecodeAttention:
+    """Paged decode attention at static shapes: every row reads `tables.shape[1]` blocks, masked to its length."""
+
+    def __init__(self, cache, sliding_window, slots, tables, context):
+        self.cache, self.sliding_window = cache, sliding_window
+        self.slots, self.tables, self.context = slots, tables, context
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = q[0], k[0], v[0]                                   # [B, heads, d], [B, kv_heads, d]
+        kc, vc = self.cache.k[layer], self.cache.v[layer]            # [blocks, block_size, kv_heads, d]
+        _, bs, kvh, d = kc.shape
+        kc.view(-1, kvh, d).index_copy_(0, self.slots, k)
+        vc.view(-1, kvh, d).index_copy_(0, self.slots, v)
+        B, W = self.tables.shape
+        keys = kc.index_select(0, self.tables.flatten()).view(B, W * bs, kvh, d).transpose(1, 2)
+        vals = vc.index_select(0, self.tables.flatten()).view(B, W * bs, kvh, d).transpose(1, 2)
+        return decode_attention(q, keys, vals, self.context, self.sliding_window)[None]
+
+
+class CompiledDecode:
+    """The engine's decode steps through torch.compile, one graph per (batch, width) bucket.
+
+    `num_compiles` counts graphs compiled; `num_recompiles` those compiled again for a bucket that already
+    had one (a guard failed: in steady decoding it stays 0, and a test holds it there).
+    """
+
+    def __init__(self, model, cache, max_num_seqs: int, scratch_block: int):
+        self.model, self.cache, self.scratch_block = model, cache, scratch_block
+        self.sliding_window = model.config.sliding_window
+        self.buckets = batch_buckets(max_num_seqs)
+        self.compiles: Counter = Counter()     # bucket -> graphs compiled for it
+        self._bucket = None
+        self._step = torch.compile(self._forward, backend=self._counting_inductor, dynamic=False, fullgraph=True)
+        # one entry per bucket lives in the cache of this one function: room for all of them
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+    def _counting_inductor(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+        self.compiles[self._bucket] += 1
+        return compile_fx(gm, example_inputs)
+
+    @property
+    def num_compiles(self) -> int:
+        return sum(self.compiles.values())
+
+    @property
+    def num_recompiles(self) -> int:
+        return sum(n - 1 for n in self.compiles.values())
+
+    def _forward(self, ids, positions, slots, tables, context):
+        attention = StaticDecodeAttention(self.cache, self.sliding_window, slots, tables, context)
+        hidden = self.model.hidden_states(ids[None], positions[None], attention)[0]
+        return self.model.lm_head(hidden).float()
+
+    def accepts(self, plan) -> bool:
+        """A step this path runs: decodes only (one new token each), no more than the largest bucket."""
+        return len(plan.token_ids) <= self.buckets[-1] and all(len(t) == 1 for t in plan.token_ids)
+
+    def pad(self, plan) -> tuple[tuple[int, int], list[torch.Tensor]]:
+        """The step's inputs padded to its bucket: ((batch, width), [ids, positions, slots, tables, context])."""
+        n, bs = len(plan.token_ids), self.cache.block_size
+        B = self.buckets[bisect.bisect_left(self.buckets, n)]
+        context = np.ones(B, dtype=np.int64)                 # padding rows: one key, their own, in the scratch block
+        context[:n] = [s + 1 for s in plan.starts]
+        W = width_bucket(max(-(-int(c) // bs) for c in context[:n]))
+        tables = np.full((B, W), self.scratch_block, dtype=np.int64)
+        for i, t in enumerate(plan.block_tables):
+            used = -(-int(context[i]) // bs)
+            tables[i, :used] = t[:used]
+        positions = context - 1
+        slots = tables[np.arange(B), positions // bs] * bs + positions % bs
+        ids = np.zeros(B, dtype=np.int64)
+        ids[:n] = [t[0] for t in plan.token_ids]
+        device = self.cache.k.device
+        return (B, W), [torch.from_numpy(a).to(device) for a in (ids, positions, slots, tables, context)]
+
+    def forward(self, plan) -> torch.Tensor:
+        """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""
+        self._bucket, inputs = self.pad(plan)
+        logits = self._step(*inputs)
+        return logits[:len(plan.token_ids)]
