@@ -55,19 +55,22 @@ def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.dev
 class StaticDecodeAttention:
     """Paged decode attention at static shapes: every row reads `tables.shape[1]` blocks, masked to its length."""
 
-    def __init__(self, cache, sliding_window, slots, tables, context):
-        self.cache, self.sliding_window = cache, sliding_window
+    def __init__(self, cache, flat, sliding_window, slots, tables, context):
+        self.cache, self.flat, self.sliding_window = cache, flat, sliding_window
         self.slots, self.tables, self.context = slots, tables, context
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = q[0], k[0], v[0]                                   # [B, heads, d], [B, kv_heads, d]
-        kc, vc = self.cache.k[layer], self.cache.v[layer]            # [blocks, block_size, kv_heads, d]
-        _, bs, kvh, d = kc.shape
-        kc.view(-1, kvh, d).index_copy_(0, self.slots, k)
-        vc.view(-1, kvh, d).index_copy_(0, self.slots, v)
+        _, nblocks, bs, kvh, d = self.cache.k.shape
+        flat_k, flat_v = self.flat                                   # the pool as [layers*blocks*block_size, kvh, d]
+        base = layer * nblocks * bs
+        # index_put_ on the pool itself (no view of it): inductor writes in place instead of copying the pool
+        flat_k.index_put_((self.slots + base,), k)
+        flat_v.index_put_((self.slots + base,), v)
         B, W = self.tables.shape
-        keys = kc.index_select(0, self.tables.flatten()).view(B, W * bs, kvh, d).transpose(1, 2)
-        vals = vc.index_select(0, self.tables.flatten()).view(B, W * bs, kvh, d).transpose(1, 2)
+        rows = ((self.tables + layer * nblocks)[..., None] * bs + torch.arange(bs, device=q.device)).flatten()
+        keys = flat_k.index_select(0, rows).view(B, W * bs, kvh, d).transpose(1, 2)
+        vals = flat_v.index_select(0, rows).view(B, W * bs, kvh, d).transpose(1, 2)
         return decode_attention(q, keys, vals, self.context, self.sliding_window)[None]
 
 
@@ -101,8 +104,8 @@ class CompiledDecode:
     def num_recompiles(self) -> int:
         return sum(n - 1 for n in self.compiles.values())
 
-    def _forward(self, ids, positions, slots, tables, context):
-        attention = StaticDecodeAttention(self.cache, self.sliding_window, slots, tables, context)
+    def _forward(self, ids, positions, slots, tables, context, flat_k, flat_v):
+        attention = StaticDecodeAttention(self.cache, (flat_k, flat_v), self.sliding_window, slots, tables, context)
         hidden = self.model.hidden_states(ids[None], positions[None], attention)[0]
         return self.model.lm_head(hidden).float()
 
@@ -131,5 +134,6 @@ class CompiledDecode:
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""
         self._bucket, inputs = self.pad(plan)
-        logits = self._step(*inputs)
+        k, v = self.cache.k, self.cache.v
+        logits = self._step(*inputs, k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:]))
         return logits[:len(plan.token_ids)]
