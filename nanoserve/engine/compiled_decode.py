@@ -53,24 +53,25 @@ def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.dev
 
 
 class StaticDecodeAttention:
-    """Paged decode attention at static shapes: every row reads `tables.shape[1]` blocks, masked to its length."""
+    """Paged decode attention at static shapes: every row reads `tables.shape[1]` blocks, masked to its length.
 
-    def __init__(self, cache, flat, sliding_window, slots, tables, context):
-        self.cache, self.flat, self.sliding_window = cache, flat, sliding_window
-        self.slots, self.tables, self.context = slots, tables, context
+    The pools come as `[layers*blocks*block_size, kv_heads, d]` graph inputs, written with `index_put_` on the
+    pool itself: through a view of a layer, inductor copied that layer's whole pool every step.
+    """
+
+    def __init__(self, flat_k, flat_v, num_blocks, block_size, sliding_window, slots, tables, context):
+        self.flat_k, self.flat_v, self.num_blocks, self.block_size = flat_k, flat_v, num_blocks, block_size
+        self.sliding_window, self.slots, self.tables, self.context = sliding_window, slots, tables, context
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = q[0], k[0], v[0]                                   # [B, heads, d], [B, kv_heads, d]
-        _, nblocks, bs, kvh, d = self.cache.k.shape
-        flat_k, flat_v = self.flat                                   # the pool as [layers*blocks*block_size, kvh, d]
-        base = layer * nblocks * bs
-        # index_put_ on the pool itself (no view of it): inductor writes in place instead of copying the pool
-        flat_k.index_put_((self.slots + base,), k)
-        flat_v.index_put_((self.slots + base,), v)
+        bs, first = self.block_size, layer * self.num_blocks         # this layer's blocks start at `first`
+        self.flat_k.index_put_((self.slots + first * bs,), k)
+        self.flat_v.index_put_((self.slots + first * bs,), v)
         B, W = self.tables.shape
-        rows = ((self.tables + layer * nblocks)[..., None] * bs + torch.arange(bs, device=q.device)).flatten()
-        keys = flat_k.index_select(0, rows).view(B, W * bs, kvh, d).transpose(1, 2)
-        vals = flat_v.index_select(0, rows).view(B, W * bs, kvh, d).transpose(1, 2)
+        rows = ((self.tables + first)[..., None] * bs + torch.arange(bs, device=q.device)).flatten()
+        keys = self.flat_k.index_select(0, rows).view(B, W * bs, *k.shape[1:]).transpose(1, 2)
+        vals = self.flat_v.index_select(0, rows).view(B, W * bs, *v.shape[1:]).transpose(1, 2)
         return decode_attention(q, keys, vals, self.context, self.sliding_window)[None]
 
 
@@ -83,6 +84,8 @@ class CompiledDecode:
 
     def __init__(self, model, cache, max_num_seqs: int, scratch_block: int):
         self.model, self.cache, self.scratch_block = model, cache, scratch_block
+        # the pools as one row per cached token, built once: views of the same storage, passed to every step
+        self.flat_k, self.flat_v = (t.view(-1, *t.shape[-2:]) for t in (cache.k, cache.v))
         self.sliding_window = model.config.sliding_window
         self.buckets = batch_buckets(max_num_seqs)
         self.compiles: Counter = Counter()     # bucket -> graphs compiled for it
@@ -105,7 +108,8 @@ class CompiledDecode:
         return sum(n - 1 for n in self.compiles.values())
 
     def _forward(self, ids, positions, slots, tables, context, flat_k, flat_v):
-        attention = StaticDecodeAttention(self.cache, (flat_k, flat_v), self.sliding_window, slots, tables, context)
+        attention = StaticDecodeAttention(flat_k, flat_v, self.cache.k.shape[1], self.cache.block_size,
+                                          self.sliding_window, slots, tables, context)
         hidden = self.model.hidden_states(ids[None], positions[None], attention)[0]
         return self.model.lm_head(hidden).float()
 
@@ -134,6 +138,5 @@ class CompiledDecode:
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""
         self._bucket, inputs = self.pad(plan)
-        k, v = self.cache.k, self.cache.v
-        logits = self._step(*inputs, k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:]))
+        logits = self._step(*inputs, self.flat_k, self.flat_v)
         return logits[:len(plan.token_ids)]
