@@ -33,9 +33,10 @@ class LLM:
     and starts ranks 1..N-1 itself; under torchrun or accelerate launch every rank builds its LLM with the
     same arguments and calls generate, and every rank gets the outputs. Call `shutdown()` (or use
     `with LLM(...) as llm:`) to stop the workers before building another tensor-parallel LLM.
-    compilation: "eager" (the default) or "compile": decode steps padded to batch buckets and run through
-    torch.compile, one graph per bucket, compiled on first use (chapter 06); "cudagraph" is not there yet.
-    enforce_eager=True (vLLM's name) means "eager" whatever `compilation` says.
+    compilation: how decode steps run (chapter 06): "eager"; "compile", padded to batch buckets and run
+    through torch.compile, one graph per bucket, compiled on first use; "cudagraph" (CUDA only), one CUDA
+    graph per bucket, captured when the LLM is built, replayed each step. Default: "cudagraph" on CUDA,
+    "eager" on a CPU and with tensor parallelism. enforce_eager=True (vLLM's name) means "eager".
     """
 
     def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
@@ -48,7 +49,8 @@ class LLM:
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
         from nanoserve.engine.compiled_decode import resolve_mode
-        compilation = resolve_mode(compilation, enforce_eager, dev)   # a ValueError before anything loads
+        # a ValueError before anything loads
+        compilation = resolve_mode(compilation, enforce_eager, dev, sharded=tensor_parallel_size != 1)
         if compilation != "eager" and tensor_parallel_size != 1:
             raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {tensor_parallel_size}: "
                              f"a sharded engine runs eager for now")
@@ -192,9 +194,10 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
 
     On a GPU, as a serving engine sizes it (vLLM profiles the same way): run one forward of the largest
     step, `max_num_batched_tokens` tokens, to measure the activations' peak memory; then the pool is what
-    is left of `gpu_memory_utilization` x total memory after the weights, that peak and the memory that is
-    not torch's (the CUDA context, other processes: the fraction bounds what the whole GPU holds, shared or
-    not). On a CPU, where the KV cache shares RAM with everything else: a stated budget, `kv_cache_memory`
+    is left of `gpu_memory_utilization` x total memory after the weights, that peak and whatever else is on
+    the GPU already (the CUDA context, other processes, another engine of this process: the fraction bounds
+    what the whole GPU holds, shared or not). CUDA graphs, captured after the pool, take their few MiB
+    from the rest. On a CPU, where the KV cache shares RAM with everything else: a stated budget, `kv_cache_memory`
     bytes, by default enough for `max_num_seqs` sequences of `max_model_len` tokens, capped at 1 GiB.
     """
     p = next(model.parameters())
@@ -205,12 +208,14 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
             raise ValueError(f"gpu_memory_utilization = {gpu_memory_utilization}: expected a fraction in (0, 1]")
         peak = profile_activation_peak(model, max_num_batched_tokens, max_num_seqs)
         free, total = torch.cuda.mem_get_info(p.device)
-        not_torch = max(0, (total - free) - torch.cuda.memory_reserved(p.device))
         weights = weight_bytes(model)
-        budget = gpu_kv_budget(total, gpu_memory_utilization, weights, peak, not_torch)
+        # everything already on the GPU but these weights: the CUDA context, other processes, and this
+        # process's other tensors (another LLM's pool: a notebook that builds a second engine)
+        others = max(0, (total - free) - weights)
+        budget = gpu_kv_budget(total, gpu_memory_utilization, weights, peak, others)
         source = (f"{gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB - weights {weights / 2**30:.2f} "
                   f"- activation peak {peak / 2**30:.2f} (a {max_num_batched_tokens}-token step) - "
-                  f"{not_torch / 2**30:.2f} GiB not torch's")
+                  f"{others / 2**30:.2f} GiB in use besides the weights")
     elif kv_cache_memory is None:
         need = max_num_seqs * -(-max_model_len // block_size) * per_block
         budget, source = min(need, 1 << 30), "max_num_seqs x max_model_len, at most 1 GiB"
@@ -222,14 +227,14 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
     return blocks, f"{blocks} blocks x {per_block} B = {blocks * per_block / 2**20:.1f} MiB ({source})", peak
 
 
-def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak: int, not_torch: int) -> int:
+def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak: int, others: int) -> int:
     """Bytes for the KV pool: utilization x total, minus everything else that must fit beside it."""
-    budget = int(total * utilization) - weights - activation_peak - not_torch
+    budget = int(total * utilization) - weights - activation_peak - others
     if budget <= 0:
         GiB = 2**30
         raise ValueError(f"gpu_memory_utilization = {utilization} of {total / GiB:.1f} GiB leaves nothing for the KV "
                          f"pool: weights {weights / GiB:.2f} GiB + activation peak {activation_peak / GiB:.2f} GiB + "
-                         f"{not_torch / GiB:.2f} GiB not torch's; raise gpu_memory_utilization or lower "
+                         f"{others / GiB:.2f} GiB in use besides the weights; raise gpu_memory_utilization or lower "
                          f"max_num_batched_tokens")
     return budget
 

@@ -29,6 +29,10 @@ def test_modes_are_checked_against_the_device():
         resolve_mode("fast", False, cpu)
     with pytest.raises(ValueError, match="needs a CUDA device.*'cpu'"):
         resolve_mode("cudagraph", False, cpu)
+    cuda = torch.device("cuda")     # the rule alone: no CUDA device is needed to check it
+    assert resolve_mode(None, False, cuda) == "cudagraph"            # CUDA's default: graphs
+    assert resolve_mode(None, False, cuda, sharded=True) == "eager"  # tensor parallelism runs eager
+    assert resolve_mode("cudagraph", True, cuda) == "eager"
     with pytest.raises(ValueError, match="compilation"):
         LLM(model=COURSE_DRAFT_MODEL, device="cpu", compilation="graphs")
 

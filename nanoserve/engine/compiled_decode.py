@@ -36,20 +36,43 @@ def width_bucket(blocks: int) -> int:
     return 1 << max(0, blocks - 1).bit_length()
 
 
-def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.device) -> str:
-    """The compilation mode an LLM runs: its argument checked against the device; vLLM's enforce_eager wins."""
+def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.device, sharded: bool = False) -> str:
+    """The compilation mode an LLM runs: its argument checked against the device; vLLM's enforce_eager wins.
+
+    The default is "cudagraph" on CUDA (a small model's decode is launch-bound there) and "eager" on a CPU
+    (compiling costs tens of seconds there) and for a sharded model (tensor parallelism runs eager).
+    """
     if enforce_eager:
         return "eager"
     if compilation is None:
-        return "eager"   # the CPU default (compiling costs tens of seconds there) and, until CUDA graphs land, CUDA's
+        return "cudagraph" if device.type == "cuda" and not sharded else "eager"
     if compilation not in MODES:
         raise ValueError(f"compilation = {compilation!r}: expected one of {', '.join(map(repr, MODES))}")
-    if compilation == "cudagraph":
-        if device.type != "cuda":
-            raise ValueError(f"compilation = 'cudagraph' needs a CUDA device; this LLM runs on {device.type!r} "
-                             f"(use 'compile' or 'eager')")
-        raise ValueError("compilation = 'cudagraph' is not implemented yet (chapter 06): use 'compile' or 'eager'")
+    if compilation == "cudagraph" and device.type != "cuda":
+        raise ValueError(f"compilation = 'cudagraph' needs a CUDA device; this LLM runs on {device.type!r} "
+                         f"(use 'compile' or 'eager')")
     return compilation
+
+
+def padded_decode_arrays(token_ids, starts, block_tables, batch: int, width: int, block_size: int,
+                         scratch_block: int) -> dict[str, np.ndarray]:
+    """A decode step's inputs padded to `batch` rows and `width` blocks per table, as NumPy arrays.
+
+    Padding rows hold one key, their own, in the scratch block; table entries past a row's blocks point
+    at the scratch block too (masked by the row's length). Returns ids, positions, slots, tables, context.
+    """
+    n, bs = len(token_ids), block_size
+    context = np.ones(batch, dtype=np.int32)
+    context[:n] = [s + 1 for s in starts]
+    tables = np.full((batch, width), scratch_block, dtype=np.int32)
+    for i, t in enumerate(block_tables):
+        used = -(-int(context[i]) // bs)
+        tables[i, :used] = t[:used]
+    positions = context.astype(np.int64) - 1
+    slots = tables[np.arange(batch), positions // bs].astype(np.int64) * bs + positions % bs
+    ids = np.zeros(batch, dtype=np.int64)
+    ids[:n] = [t[0] for t in token_ids]
+    return dict(ids=ids, positions=positions, slots=slots, tables=tables, context=context)
 
 
 class StaticDecodeAttention:
@@ -119,21 +142,13 @@ class CompiledDecode:
 
     def pad(self, plan) -> tuple[tuple[int, int], list[torch.Tensor]]:
         """The step's inputs padded to its bucket: ((batch, width), [ids, positions, slots, tables, context])."""
-        n, bs = len(plan.token_ids), self.cache.block_size
-        B = self.buckets[bisect.bisect_left(self.buckets, n)]
-        context = np.ones(B, dtype=np.int64)                 # padding rows: one key, their own, in the scratch block
-        context[:n] = [s + 1 for s in plan.starts]
-        W = width_bucket(max(-(-int(c) // bs) for c in context[:n]))
-        tables = np.full((B, W), self.scratch_block, dtype=np.int64)
-        for i, t in enumerate(plan.block_tables):
-            used = -(-int(context[i]) // bs)
-            tables[i, :used] = t[:used]
-        positions = context - 1
-        slots = tables[np.arange(B), positions // bs] * bs + positions % bs
-        ids = np.zeros(B, dtype=np.int64)
-        ids[:n] = [t[0] for t in plan.token_ids]
+        bs = self.cache.block_size
+        B = self.buckets[bisect.bisect_left(self.buckets, len(plan.token_ids))]
+        W = width_bucket(max(s // bs + 1 for s in plan.starts))
+        a = padded_decode_arrays(plan.token_ids, plan.starts, plan.block_tables, B, W, bs, self.scratch_block)
         device = self.cache.k.device
-        return (B, W), [torch.from_numpy(a).to(device) for a in (ids, positions, slots, tables, context)]
+        return (B, W), [torch.from_numpy(a[k]).to(device, torch.int64)
+                        for k in ("ids", "positions", "slots", "tables", "context")]
 
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""

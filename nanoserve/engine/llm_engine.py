@@ -32,7 +32,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     scheduling: str = "continuous"       # or "static", the baseline chapter 03 measures against
-    compilation: str = "eager"           # or "compile": decode steps through torch.compile (chapter 06)
+    compilation: str = "eager"           # or "compile" | "cudagraph": static decode steps (chapter 06)
 
     def __post_init__(self):
         self.check_positive(**{name: getattr(self, name) for name in (
@@ -61,7 +61,8 @@ class LLMEngine:
                                    self.block_manager, eos, config.scheduling)
         # the runner owns the KV pool; chapter 08 hands in one that also drives the other ranks
         self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed,
-                                            compilation=config.compilation, max_num_seqs=config.max_num_seqs)
+                                            compilation=config.compilation, max_num_seqs=config.max_num_seqs,
+                                            max_model_len=config.max_model_len)
         self.kv_cache = self.runner.kv_cache
         self.requests: dict[str, Sequence] = {}   # unfinished requests by id
         # prefill: prompt tokens computed for the first time; decode: generated tokens fed back, first time;
@@ -182,11 +183,15 @@ class LLMEngine:
                     num_preemptions=s.num_preemptions, **self.compile_metrics(), **self.stats)
 
     def compile_metrics(self) -> dict:
-        """Chapter 06: the compilation mode, graphs compiled, and recompiles (a bucket compiled twice)."""
+        """Chapter 06: the compilation mode, graphs compiled or captured, recompiles (a bucket compiled twice),
+        and for CUDA graphs what their capture cost (seconds, bytes of the graphs' memory pool)."""
         compiled = getattr(self.runner, "compiled", None)
+        graphs = self.config.compilation == "cudagraph" and compiled is not None
         return dict(compilation=self.config.compilation,
                     num_compiles=compiled.num_compiles if compiled else 0,
-                    num_recompiles=compiled.num_recompiles if compiled else 0)
+                    num_recompiles=compiled.num_recompiles if compiled else 0,
+                    cudagraph_capture_seconds=compiled.capture_seconds if graphs else None,
+                    cudagraph_memory_bytes=compiled.memory_bytes if graphs else None)
 
 
 def request_metrics(seq: Sequence) -> dict:

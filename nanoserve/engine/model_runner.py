@@ -37,18 +37,23 @@ class StepPlan:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_kv_blocks: int, block_size: int, seed: int = 0,
-                 kernel_backend: str | None = None, compilation: str = "eager", max_num_seqs: int = 32):
+                 kernel_backend: str | None = None, compilation: str = "eager", max_num_seqs: int = 32,
+                 max_model_len: int | None = None):
         param = next(model.parameters())
         self.model, self.device = model, param.device
         self.ops = kernels.select(kernel_backend, self.device)   # once: NANOSERVE_KERNELS or the argument
         model.use_kernels(self.ops)
-        # chapter 06: compiled decode pads its batches with rows that write into one extra, unowned block
-        extra = 1 if compilation == "compile" else 0
+        # chapter 06: a static decode path pads its batches with rows that write into one extra, unowned block
+        extra = 0 if compilation == "eager" else 1
         self.kv_cache = PagedKVCache(model.config, num_kv_blocks + extra, block_size, param.device, param.dtype)
-        self.compiled = None
+        self.compiled = None      # chapter 06: decode steps through torch.compile or CUDA graphs
         if compilation == "compile":
             from nanoserve.engine.compiled_decode import CompiledDecode
             self.compiled = CompiledDecode(model, self.kv_cache, max_num_seqs, scratch_block=num_kv_blocks)
+        elif compilation == "cudagraph":
+            from nanoserve.engine.cuda_graphs import CudaGraphDecode
+            self.compiled = CudaGraphDecode(model, self.kv_cache, self.ops, max_num_seqs,
+                                            max_model_len or num_kv_blocks * block_size, scratch_block=num_kv_blocks)
         self.attention = PagedAttention(self.kv_cache, model.config, self.ops)
         self.inputs = StepInputs(block_size, self.device)
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
