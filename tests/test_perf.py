@@ -350,3 +350,18 @@ def test_keep_freed_memory_every_size_reuses_big_tensors_without_page_faults():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dispatch_cost_is_microseconds_per_tiny_op():
+    from nanoserve import perf
+    cost = perf.dispatch_cost("cpu", ops=100, repeat=5)
+    assert 1e-7 < cost < 1e-3      # a 1-element add: host work only, far from a millisecond
+
+
+def test_count_ops_counts_top_level_operators_once():
+    from nanoserve import perf
+    lin = torch.nn.Linear(4, 4)
+    x = torch.ones(2, 4)
+    counts = perf.count_ops(lambda: torch.relu(lin(x)) + 1)
+    assert counts["aten::linear"] == 1 and counts["aten::relu"] == 1 and counts["aten::add"] == 1
+    assert "aten::addmm" not in counts and "aten::t" not in counts      # called inside aten::linear

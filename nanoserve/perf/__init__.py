@@ -15,6 +15,7 @@ _LAZY = {   # name -> the module of nanoserve.perf that defines it
     "ring_allgather_time": "comm", "ring_allreduce_time": "comm", "ring_reduce_scatter_time": "comm",
     "HARDWARE": "hardware", "Hardware": "hardware", "INTERCONNECTS": "hardware", "Interconnect": "hardware",
     "measure_ceilings": "hardware",
+    "count_ops": "dispatch", "dispatch_cost": "dispatch",
     "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
     "keep_freed_memory": "memory",
     "peak_memory": "memory", "peak_rss_bytes": "memory",
