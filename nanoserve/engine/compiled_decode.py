@@ -13,6 +13,7 @@ the whole step, attention included, is one graph with no breaks.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 
 import numpy as np
@@ -102,7 +103,8 @@ class CompiledDecode:
     """The engine's decode steps through torch.compile, one graph per (batch, width) bucket.
 
     `num_compiles` counts graphs compiled; `num_recompiles` those compiled again for a bucket that already
-    had one (a guard failed: in steady decoding it stays 0, and a test holds it there).
+    had one (a guard failed: in steady decoding it stays 0, and a test holds it there); `compile_seconds`
+    is the wall time of the steps that compiled.
     """
 
     def __init__(self, model, cache, max_num_seqs: int, scratch_block: int):
@@ -112,6 +114,7 @@ class CompiledDecode:
         self.sliding_window = model.config.sliding_window
         self.buckets = batch_buckets(max_num_seqs)
         self.compiles: Counter = Counter()     # bucket -> graphs compiled for it
+        self.compile_seconds = 0.0             # wall time of the steps that compiled a graph: the cost
         self._bucket = None
         self._step = torch.compile(self._forward, backend=self._counting_inductor, dynamic=False, fullgraph=True)
         # one entry per bucket lives in the cache of this one function: room for all of them
@@ -153,5 +156,8 @@ class CompiledDecode:
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""
         self._bucket, inputs = self.pad(plan)
+        compiled_before, start = self.num_compiles, time.perf_counter()
         logits = self._step(*inputs, self.flat_k, self.flat_v)
+        if self.num_compiles != compiled_before:
+            self.compile_seconds += time.perf_counter() - start
         return logits[:len(plan.token_ids)]

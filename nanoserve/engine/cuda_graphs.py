@@ -73,6 +73,10 @@ class CudaGraphDecode:
 
     num_recompiles = 0
 
+    @property
+    def compile_seconds(self) -> float:
+        return self.capture_seconds
+
     def _attention(self, b: int):
         s = {k: v[:b] for k, v in self.static.items()}
         if self.ops.name == "torch":   # the reference kernel reads a length on the host: gather every block instead

@@ -184,12 +184,13 @@ class LLMEngine:
 
     def compile_metrics(self) -> dict:
         """Chapter 06: the compilation mode, graphs compiled or captured, recompiles (a bucket compiled twice),
-        and for CUDA graphs what their capture cost (seconds, bytes of the graphs' memory pool)."""
+        the seconds compiling or capturing took, and for CUDA graphs the bytes of their memory pool."""
         compiled = getattr(self.runner, "compiled", None)
         graphs = self.config.compilation == "cudagraph" and compiled is not None
         return dict(compilation=self.config.compilation,
                     num_compiles=compiled.num_compiles if compiled else 0,
                     num_recompiles=compiled.num_recompiles if compiled else 0,
+                    compile_seconds=compiled.compile_seconds if compiled else 0.0,
                     cudagraph_capture_seconds=compiled.capture_seconds if graphs else None,
                     cudagraph_memory_bytes=compiled.memory_bytes if graphs else None)
 
