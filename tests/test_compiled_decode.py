@@ -98,3 +98,13 @@ def test_compiled_logits_match_eager_within_float_tolerance():
         out.append(runner.forward(plan_decode))
     assert compiled.metrics()["num_compiles"] == 1
     torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_decode_as_the_first_step_compiles_once():
+    """The rotary table is made when the runner is built: a first step traced before any prefill does not
+    see it missing (that traced the first-use branch, and the bucket recompiled on its next step)."""
+    runner = LLM(model=COURSE_DRAFT_MODEL, device="cpu", compilation="compile", num_kv_blocks=16,
+                 max_num_seqs=1).engine.runner
+    for start in (3, 4, 5):
+        runner.forward(StepPlan([[7]], [start], [[2]], [0]))
+    assert runner.compiled.num_compiles == 1 and runner.compiled.num_recompiles == 0

@@ -43,6 +43,7 @@ class ModelRunner:
         self.model, self.device = model, param.device
         self.ops = kernels.select(kernel_backend, self.device)   # once: NANOSERVE_KERNELS or the argument
         model.use_kernels(self.ops)
+        model.model.rotary_emb.materialize(self.device)   # before any step is compiled or captured
         # chapter 06: a static decode path pads its batches with rows that write into one extra, unowned block
         extra = 0 if compilation == "eager" else 1
         self.kv_cache = PagedKVCache(model.config, num_kv_blocks + extra, block_size, param.device, param.dtype)

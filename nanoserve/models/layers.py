@@ -68,9 +68,14 @@ class RotaryEmbedding(nn.Module):
         self.cfg = cfg
         self._inv_freq: torch.Tensor | None = None  # made on first use, on the positions' device
 
+    def materialize(self, device: torch.device) -> None:
+        """Make the frequency table on `device` now (an engine does, before compiling a step: traced
+        inside a graph, the first-use branch below would be guarded on and recompiled next step)."""
+        if self._inv_freq is None or self._inv_freq.device != device:
+            self._inv_freq = rope_inv_freq(self.cfg).to(device)
+
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = rope_inv_freq(self.cfg).to(positions.device)
+        self.materialize(positions.device)
         freqs = positions.float()[..., None] * self._inv_freq    # [..., head_dim/2]
         emb = torch.cat((freqs, freqs), dim=-1)                   # [..., head_dim]
         return emb.cos(), emb.sin()
