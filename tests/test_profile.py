@@ -273,3 +273,26 @@ def test_a_real_cuda_trace_sees_kernels_on_streams():
     assert prof.busy_fraction > 0.5, prof.summary()
     top = prof.top_ops(1)
     assert top[0].name in ("aten::mm", "aten::matmul") and top[0].flops == 2 * 2048**3 * 20
+
+
+def test_activity_types_are_inferred_where_torch_has_no_activity_type():
+    """torch < 2.12 (the H200 image's 2.11) has no _KinetoEvent.activity_type(): the inferred types give the same records."""
+    from nanoserve.perf import trace
+
+    class Older:   # a raw record as torch 2.11 offers it: everything but activity_type
+        def __init__(self, k):
+            self._k = k
+
+        def __getattr__(self, name):
+            if name == "activity_type":
+                raise AttributeError(name)
+            return getattr(self._k, name)
+
+    def work():
+        with perf.region("data"):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+        return torch.relu(torch.ones(8)).sum()
+
+    prof = perf.profile(work, device="cpu").torch_profiler
+    raw = list(prof.profiler.kineto_results.events())
+    assert [trace.activity_of(Older(k)) for k in raw] == [k.activity_type() for k in raw]

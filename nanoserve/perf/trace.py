@@ -27,6 +27,7 @@ WINDOW_NAME = "nanoserve.profile"  # the span around the profiled call: its ends
 _DATA_ANNOTATIONS = ("enumerate(DataLoader)",)
 _COMM = re.compile(r"nccl|gloo|c10d|allreduce|all_reduce|allgather|all_gather|reduce_scatter|"
                    r"reducescatter|broadcast|all_to_all|alltoall|send|recv", re.IGNORECASE)
+_RUNTIME = re.compile(r"cu(da)?[A-Z]")     # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
 _COPY_OPS = {"aten::copy_", "aten::to", "aten::_to_copy", "aten::pin_memory", "aten::_pin_memory",
              "aten::fill_", "aten::zero_"}
 _DTYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "long": 8,
@@ -104,6 +105,24 @@ def op_flops_and_bytes(name: str, shapes: list, dtypes: list) -> tuple[float, fl
     return flops, float(read + out_bytes)
 
 
+def activity_of(k) -> str:
+    """Kineto's activity type of a raw record: "cpu_op", "user_annotation", "kernel", "cuda_runtime", ...
+
+    torch before 2.12 has no `activity_type()` (the H200 image's 2.11 does not): there it is inferred
+    from the record's device, its name and `is_user_annotation()`, which give the same answer.
+    """
+    if hasattr(k, "activity_type"):
+        return k.activity_type()
+    name, annotation = k.name(), bool(getattr(k, "is_user_annotation", lambda: False)())
+    if str(k.device_type()).endswith("CUDA"):
+        if annotation:
+            return "gpu_user_annotation"
+        return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    if _RUNTIME.match(name):
+        return "cuda_runtime"
+    return "user_annotation" if annotation else "cpu_op"
+
+
 def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float, float] | None]:
     """Records from a finished `torch.profiler.profile`, and the (start, end) of the profiled call.
 
@@ -122,7 +141,7 @@ def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float,
     host_ops: dict[int, list[tuple[int, int, str, float, float]]] = {}  # tid -> [(start, end, name, flops, bytes)]
     pending_kernels = []
     for k in raw:
-        name, activity = k.name(), k.activity_type()
+        name, activity = k.name(), activity_of(k)
         start, dur = (k.start_ns() - origin) / 1e9, max(k.duration_ns(), 0) / 1e9
         tid = k.device_resource_id()
         if activity in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -172,7 +191,7 @@ def events_from_torch(prof, compute_tid: int) -> tuple[list[Event], tuple[float,
         for k, start, dur in kernels:   # an operator's FLOPs and bytes are shared among its kernels
             flops = owner[3] / len(kernels) if owner else 0.0
             nbytes = owner[4] / len(kernels) if owner else 0.0
-            events.append(Event(k.name(), "device", category_of(k.name(), k.activity_type()), start, dur,
+            events.append(Event(k.name(), "device", category_of(k.name(), activity_of(k)), start, dur,
                                 f"stream {k.device_resource_id()}", op=owner[2] if owner else None,
                                 flops=flops, bytes=nbytes))
     events.sort(key=lambda e: (e.start_s, -e.dur_s))
