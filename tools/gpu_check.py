@@ -3,9 +3,13 @@
 On a machine with CUDA it runs, one after the other, each under its own time limit so that the whole run
 stays under 8 minutes:
   1. every `gpu`-marked test (`pytest tests -m gpu`), as JUnit XML;
-  2. the Triton kernel benchmark (benchmarks/kernels.py);
-  3. the offline benchmark against transformers (`python -m nanoserve bench --device cuda`);
-  4. batch-1 decode bandwidth on a real-shape model (benchmarks/decode_bandwidth.py --device cuda).
+  2. decode latency on the course model, eager vs CUDA graphs at batch 1, 8 and 32
+     (benchmarks/decode_latency.py --device cuda);
+  3. the Triton kernel benchmark (benchmarks/kernels.py);
+  4. the offline benchmark against transformers (`python -m nanoserve bench --device cuda`);
+  5. batch-1 decode bandwidth on a real-shape model (benchmarks/decode_bandwidth.py --device cuda);
+  6. batch-1 decode latency on the course model and Qwen2.5-0.5B's shape: eager, torch.compile, CUDA
+     graphs and transformers' compiled static-cache decode (the named peer).
 Everything goes to benchmarks/results/gpu-<UTC time>/: machine.json (GPU, driver, torch, CUDA, Triton,
 commit, date), each step's log, the benchmarks' JSON records, pytest's junit.xml, and summary.json (each
 step's exit status and seconds). Commit that folder.
@@ -31,16 +35,28 @@ BUDGET_S = 450          # all steps together: under 8 minutes with start-up and 
 MIN_STEP_S = 15         # a step with less time than this left is skipped, not started
 
 
+def gpu_test_files() -> list[str]:
+    """The test files with a `gpu`-marked test, relative to the repository."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+
+
 def steps(out: Path) -> list[tuple[str, list[str], int]]:
     """(name, command, time limit in seconds) of each step; the benchmarks save their JSON into `out`."""
     py = sys.executable
+    # pytest without the ini's addopts, on the files that hold gpu tests: a GPU image may lack nbval and
+    # nbformat (the notebook tests import them), and a collection error would stop every test.
+    # The most telling steps first: a step cut short by the budget loses least there.
+    latency = [py, "benchmarks/decode_latency.py", "--device", "cuda", "--save", str(out), "--models"]
     return [
-        ("gpu-tests", [py, "-m", "pytest", "tests", "-m", "gpu", "-p", "no:cacheprovider", "-q",
-                       f"--junitxml={out / 'junit.xml'}"], 150),
-        ("kernels", [py, "benchmarks/kernels.py", "--save", str(out)], 60),
-        ("offline", [py, "-m", "nanoserve", "bench", "--device", "cuda", "--save", str(out)], 150),
+        ("gpu-tests", [py, "-m", "pytest", *gpu_test_files(), "-m", "gpu", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
+                       "-ra", f"--junitxml={out / 'junit.xml'}"], 150),
+        ("decode-latency-graphs", latency + ["COURSE_MODEL", "--modes", "eager", "cudagraph",
+                                             "--batch-sizes", "1", "8", "32"], 45),
+        ("kernels", [py, "benchmarks/kernels.py", "--save", str(out)], 40),
+        ("offline", [py, "-m", "nanoserve", "bench", "--device", "cuda", "--save", str(out)], 70),
         ("decode-bandwidth", [py, "benchmarks/decode_bandwidth.py", "--device", "cuda", "--dtype", "bfloat16",
-                              "--save", str(out)], 90),
+                              "--save", str(out)], 35),
+        ("decode-latency-all", latency + ["COURSE_MODEL", "qwen2.5-0.5b", "--batch-sizes", "1"], 110),
     ]
 
 
@@ -59,7 +75,9 @@ def machine_info(torch) -> dict:
     except ImportError:
         triton_version = None
     gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    commit = _run(["git", "rev-parse", "HEAD"])
+    # a copy of the tree without .git (a rented GPU box) names its commit in NANOSERVE_COMMIT
+    in_git = _run(["git", "rev-parse", "HEAD"])
+    commit = in_git or os.environ.get("NANOSERVE_COMMIT", "")
     return dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         gpus=[dict(name=g.name, memory_bytes=g.total_memory, capability=f"{g.major}.{g.minor}",
@@ -68,13 +86,15 @@ def machine_info(torch) -> dict:
         torch=torch.__version__, cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
         triton=triton_version, python=platform.python_version(), cpu=platform.processor() or platform.machine(),
         cores=os.cpu_count(), commit=commit or None,
-        uncommitted_changes=bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])) if commit else None,
+        uncommitted_changes=bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])) if in_git else None,
         nvidia_smi=_run(["nvidia-smi"], timeout=20) or None)
 
 
 def run_step(name: str, cmd: list[str], limit_s: float, log: Path) -> dict:
     """Run one step with its output in `log`; past `limit_s` seconds its whole process group is killed."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # the repository on the path: the scripts import nanoserve whether or not it is installed
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
     start = time.perf_counter()
     with open(log, "w") as f:
         f.write(f"$ {' '.join(cmd)}\n(time limit {limit_s:.0f} s)\n\n")
