@@ -20,6 +20,7 @@ import torch
 from nanoserve import models
 from nanoserve.course.bench import machine_info, save_record
 from nanoserve.engine import EngineConfig, LLMEngine
+from nanoserve.engine.compiled_decode import resolve_mode
 from nanoserve.perf import measure_ceilings, sync, timeit
 from nanoserve.sampling import SamplingParams
 
@@ -46,7 +47,10 @@ def main(argv=None):
     elem = torch.finfo(dtype).bits // 8
     weight_bytes = cfg.num_parameters * elem  # the tied head reads the whole embedding; the lookup one row
     max_len = args.prompt + args.tokens + 8
-    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_model_len=max_len, num_kv_blocks=-(-max_len // 16)))
+    # the engine as LLM runs it on this device: CUDA graphs on a GPU (eager, it is launch-bound there)
+    mode = resolve_mode(None, False, device)
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=1, max_model_len=max_len, num_kv_blocks=-(-max_len // 16),
+                                                 compilation=mode))
     engine.add_request("warm-up", list(range(1, args.prompt + 1)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished():  # warm-up run
         engine.step()
@@ -69,13 +73,13 @@ def main(argv=None):
     peak = max(copy_bw, read_bw)
     print(f"model: {args.model} (random weights), {cfg.num_parameters / 1e6:.0f}M parameters, {args.dtype}, "
           f"{bytes_per_token / 1e9:.2f} GB read per token")
-    print(f"decode: {1 / step_s:.2f} tokens/s (median step {step_s * 1e3:.0f} ms over {len(times)} steps)")
+    print(f"decode ({mode}): {1 / step_s:.2f} tokens/s (median step {step_s * 1e3:.2f} ms over {len(times)} steps)")
     print(f"achieved {achieved / 1e9:.2f} GB/s; measured memory bandwidth: copy {copy_bw / 1e9:.2f} GB/s, "
           f"read {read_bw / 1e9:.2f} GB/s")
     print(f"memory bandwidth utilisation: {achieved / peak:.0%} of the better of the two")
     record = dict(benchmark="decode_bandwidth", date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   machine=machine_info(), model=args.model, weights="random", device=args.device, dtype=args.dtype,
-                  parameters=cfg.num_parameters, bytes_per_token=bytes_per_token, median_step_s=step_s,
+                  compilation=mode, parameters=cfg.num_parameters, bytes_per_token=bytes_per_token, median_step_s=step_s,
                   tokens_per_s=1 / step_s, achieved_bytes_per_s=achieved, copy_bytes_per_s=copy_bw,
                   read_bytes_per_s=read_bw, utilisation=round(achieved / peak, 3), steps=len(times))
     save_record(record, args.save, f"decode_bandwidth-{args.dtype}")

@@ -1,6 +1,7 @@
 """The offline API, after vLLM's: `LLM(...).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
+import gc
 import itertools
 import weakref
 
@@ -206,7 +207,8 @@ def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, 
     if p.device.type == "cuda" and kv_cache_memory is None:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization = {gpu_memory_utilization}: expected a fraction in (0, 1]")
-        peak = profile_activation_peak(model, max_num_batched_tokens, max_num_seqs)
+        gc.collect()   # an engine dropped but still in a reference cycle frees its pool now, not at the next GC
+        peak = profile_activation_peak(model, max_num_batched_tokens, max_num_seqs)   # (empties torch's cache)
         free, total = torch.cuda.mem_get_info(p.device)
         weights = weight_bytes(model)
         # everything already on the GPU but these weights: the CUDA context, other processes, and this

@@ -96,9 +96,9 @@ def test_replay_agrees_with_the_eager_engine_step(graphed, n):
 def test_greedy_tokens_equal_the_eager_engine_and_nothing_is_captured_later():
     prompts = [[1 + i, 2, 3] * (1 + 3 * i) for i in range(12)]            # 3..102 tokens
     params = [SamplingParams(temperature=0, max_tokens=20 + 7 * i, ignore_eos=True) for i in range(12)]
-    eager = LLM(COURSE_MODEL, device="cuda", max_num_seqs=8, enforce_eager=True)
+    eager = LLM(COURSE_MODEL, device="cuda", max_num_seqs=8, num_kv_blocks=256, enforce_eager=True)
     assert eager.metrics()["compilation"] == "eager"
-    graphed = LLM(COURSE_MODEL, device="cuda", max_num_seqs=8)               # CUDA's default: graphs
+    graphed = LLM(COURSE_MODEL, device="cuda", max_num_seqs=8, num_kv_blocks=256)   # CUDA's default: graphs
     before = graphed.metrics()
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params, use_tqdm=False)]

@@ -280,7 +280,7 @@ def test_step_metadata_on_cuda_equals_the_cpu_build():
     from nanoserve.attention import StepInputs
     cpu, gpu = StepInputs(4), StepInputs(4, "cuda")
     for step in range(3):
-        args = ([[7, 8, 9][:step + 1], [5], [1, 2]], [0, 6 + step, 9], [[3], [9, 2], [0, 5, 4]])
+        args = ([[7, 8, 9][:step + 1], [5], [1, 2]], [0, 5 + step, 9], [[3], [9, 2], [0, 5, 4]])
         (a_ids, a), (b_ids, b) = cpu.build(*args), gpu.build(*args)
         assert b.slot_mapping.is_cuda and torch.equal(b_ids.cpu(), a_ids)
         for name in ("positions", "slot_mapping", "block_tables", "context_lens", "decode_tokens", "decode_tables"):

@@ -75,9 +75,9 @@ def machine_info(torch) -> dict:
     except ImportError:
         triton_version = None
     gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    # a copy of the tree without .git (a rented GPU box) names its commit in NANOSERVE_COMMIT
-    in_git = _run(["git", "rev-parse", "HEAD"])
-    commit = in_git or os.environ.get("NANOSERVE_COMMIT", "")
+    # a copy of the tree made elsewhere (a rented GPU box) may carry a stale .git: NANOSERVE_COMMIT wins
+    in_git = _run(["git", "rev-parse", "HEAD"]) and not os.environ.get("NANOSERVE_COMMIT")
+    commit = os.environ.get("NANOSERVE_COMMIT") or _run(["git", "rev-parse", "HEAD"])
     return dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         gpus=[dict(name=g.name, memory_bytes=g.total_memory, capability=f"{g.major}.{g.minor}",
