@@ -44,12 +44,14 @@ def steps(out: Path) -> list[tuple[str, list[str], int]]:
     """(name, command, time limit in seconds) of each step; the benchmarks save their JSON into `out`."""
     py = sys.executable
     # pytest without the ini's addopts, on the files that hold gpu tests: a GPU image may lack nbval and
-    # nbformat (the notebook tests import them), and a collection error would stop every test.
+    # nbformat (the notebook tests import them), and a collection error would stop every test. One test
+    # that hangs fails after 60 s with its stack, and the others still run (the second H200 run lost
+    # every test after a hang: the step was killed at its limit, junit.xml unwritten).
     # The most telling steps first: a step cut short by the budget loses least there.
     latency = [py, "benchmarks/decode_latency.py", "--device", "cuda", "--save", str(out), "--models"]
     return [
         ("gpu-tests", [py, "-m", "pytest", *gpu_test_files(), "-m", "gpu", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
-                       "-ra", f"--junitxml={out / 'junit.xml'}"], 150),
+                       "-ra", "--timeout=60", f"--junitxml={out / 'junit.xml'}"], 150),
         ("decode-latency-graphs", latency + ["COURSE_MODEL", "--modes", "eager", "cudagraph",
                                              "--batch-sizes", "1", "8", "32"], 45),
         ("kernels", [py, "benchmarks/kernels.py", "--save", str(out)], 40),
