@@ -17,11 +17,15 @@ def generate(argv) -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--compilation", choices=["eager", "compile", "cudagraph"], default=None,
+                    help="how decode steps run (default: cudagraph on CUDA, eager on a CPU)")
+    ap.add_argument("--enforce-eager", action="store_true", help="eager, whatever --compilation says (vLLM's flag)")
     args = ap.parse_args(argv)
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, seed=args.seed)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, compilation=args.compilation,
+                  enforce_eager=args.enforce_eager)
         outs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError, FileNotFoundError) as e:
         sys.exit(f"nanoserve generate: {e}")

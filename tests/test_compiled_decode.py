@@ -108,3 +108,11 @@ def test_a_decode_as_the_first_step_compiles_once():
     for start in (3, 4, 5):
         runner.forward(StepPlan([[7]], [start], [[2]], [0]))
     assert runner.compiled.num_compiles == 1 and runner.compiled.num_recompiles == 0
+
+
+def test_the_command_line_takes_the_compilation_mode(capsys):
+    from nanoserve.__main__ import main
+    main(["generate", "def f(", "--device", "cpu", "--max-tokens", "3", "--enforce-eager", "--compilation", "compile"])
+    assert "3 tokens, finish_reason=length" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["generate", "def f(", "--device", "cpu", "--compilation", "cudagraph"])
