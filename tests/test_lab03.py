@@ -2,7 +2,7 @@
 
 - the generated lab (labs/) fails: its five code TODOs (profile, prediction, diagnosis, the wrong lever's
   bound, the right lever) are not implemented, and none of the checks they feed passes;
-- the solution (solutions/) passes every check, through the command line as an instructor runs it;
+- the committed solution (solutions/) passes every check (nbval re-runs it and compares those lines);
 - a learner who names the model (compute) as the bound fails the diagnosis: the check reads their own
   profile; one who bounds the faster model by the data share instead of the model's fails that check.
 
@@ -29,7 +29,6 @@ def test_grading_lab03_unsolved_fails(tmp_path, capsys):
     assert_unsolved_fails(LAB, tmp_path, capsys, todos=5, must_not_pass=CHECKS)
 
 
-@pytest.mark.slow
 def test_grading_lab03_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 

@@ -1,7 +1,7 @@
 """Lab 04, KV memory: the classroom grader against the real lab.
 
 - the generated lab (labs/) fails: its four code TODOs are not implemented;
-- the solution (solutions/) passes every check, through the command line as an instructor runs it;
+- the committed solution (solutions/) passes every check (nbval re-runs it and compares those lines);
 - a learner who predicts the batch from the prompts alone (forgetting that requests grow), bounds the wrong
   lever with the wrong share, diagnoses the wrong limit and "fixes" the service with the wrong lever (a
   higher max_num_seqs) fails those checks: the checks tell right from wrong;
@@ -33,7 +33,6 @@ def test_grading_lab04_unsolved_fails(tmp_path, capsys):
         "throughput", "right-beats-wrong", "pool-size"))
 
 
-@pytest.mark.slow
 def test_grading_lab04_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 
