@@ -194,12 +194,13 @@ def sweep():
 def test_measure_collective_gloo_two_ranks(sweep):
     assert sweep.sizes_bytes == (4 << 10, 1 << 20, 8 << 20) and sweep.world_size == 2
     assert all(len(x) == 5 for x in sweep.samples_s)
-    t = sweep.seconds
-    assert t[0] < t[1] < t[2]                        # 2048x the bytes takes longer (not a wall-clock threshold)
+    t = sweep.quantile(0)                            # each size's fastest call: one stalled call (a scheduler
+    assert t[0] < t[1] < t[2]                        # tick on a busy 2-core machine) cannot reorder them; 2048x
+                                                     # the bytes takes longer (not a wall-clock threshold)
     for row in sweep.rows():
         assert row["algbw_Bps"] == pytest.approx(row["size_bytes"] / row["median_s"])
         assert row["busbw_Bps"] == pytest.approx(row["algbw_Bps"])        # n = 2: 2(n-1)/n = 1
-    assert sweep.quantile(0.5) == pytest.approx(t) and sweep.quantile(0.0) == tuple(min(x) for x in sweep.samples_s)
+    assert sweep.quantile(0.5) == pytest.approx(sweep.seconds) and t == tuple(min(x) for x in sweep.samples_s)
     fit = sweep.fit()
     assert fit.alpha_s >= 0 and fit.beta_Bps > 0
     text = sweep.table(fit)

@@ -46,4 +46,6 @@ def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says kv-read dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
-    assert re.search(r"PASS\s+prediction\s", out) and re.search(r"PASS\s+speedup\s", out), out
+    # checks the edits do not touch still pass; the prediction (15% on a timing fit) is left out here: this
+    # extra run is exposed to the machine's noise, and nbval holds the solution's own prediction line
+    assert re.search(r"PASS\s+same-outputs\s", out) and re.search(r"PASS\s+speedup\s", out), out
