@@ -130,13 +130,18 @@ class CudaGraphDecode:
             self._copied = torch.cuda.Event()
             self._copied.record()
 
-    @torch.inference_mode()
-    def forward(self, plan) -> torch.Tensor:
-        """The fp32 logits of every sequence of a decode step (each samples), replayed from its bucket's graph."""
+    def _stage_plan(self, plan) -> tuple[int, int]:
+        """Stage a decode step padded to its bucket; returns (its sequences, the bucket)."""
         n = len(plan.token_ids)
         b = self.buckets[bisect.bisect_left(self.buckets, n)]
         self._stage(padded_decode_arrays(plan.token_ids, plan.starts, plan.block_tables, b, self.width,
                                          self.cache.block_size, self.scratch_block), b)
+        return n, b
+
+    @torch.inference_mode()
+    def forward(self, plan) -> torch.Tensor:
+        """The fp32 logits of every sequence of a decode step (each samples), replayed from its bucket's graph."""
+        n, b = self._stage_plan(plan)
         self.graphs[b].replay()
         return self.logits[b][:n]
 
@@ -144,8 +149,5 @@ class CudaGraphDecode:
     def eager(self, plan) -> torch.Tensor:
         """The same padded step run without its graph: the reference a replay must equal bit for bit (and,
         on a CPU, where nothing is captured, a check of everything but the capture)."""
-        n = len(plan.token_ids)
-        b = self.buckets[bisect.bisect_left(self.buckets, n)]
-        self._stage(padded_decode_arrays(plan.token_ids, plan.starts, plan.block_tables, b, self.width,
-                                         self.cache.block_size, self.scratch_block), b)
+        n, b = self._stage_plan(plan)
         return self._forward(b)[:n].clone()
