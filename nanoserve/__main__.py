@@ -1,4 +1,4 @@
-"""Command line: `python -m nanoserve generate|bench ...`."""
+"""Command line: `python -m nanoserve generate|bench|serve|bench-serve ...`."""
 from __future__ import annotations
 
 import argparse
@@ -20,12 +20,14 @@ def generate(argv) -> None:
     ap.add_argument("--compilation", choices=["eager", "compile", "cudagraph"], default=None,
                     help="how decode steps run (default: cudagraph on CUDA, eager on a CPU)")
     ap.add_argument("--enforce-eager", action="store_true", help="eager, whatever --compilation says (vLLM's flag)")
+    ap.add_argument("--quantization", default=None,
+                    help="weight-only quantization: int8, int4 (group 128) or int4-g32/-g64/-g128/-g256")
     args = ap.parse_args(argv)
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, seed=args.seed)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, compilation=args.compilation,
-                  enforce_eager=args.enforce_eager)
+                  enforce_eager=args.enforce_eager, quantization=args.quantization)
         outs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError, FileNotFoundError) as e:
         sys.exit(f"nanoserve generate: {e}")
@@ -39,9 +41,19 @@ def bench(argv) -> None:
     run(argv)
 
 
+def serve(argv) -> None:
+    from nanoserve.serve.server import main as run
+    run(argv)
+
+
+def bench_serve(argv) -> None:
+    from nanoserve.serve.load import main as run
+    run(argv)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"generate": generate, "bench": bench}
+    commands = {"generate": generate, "bench": bench, "serve": serve, "bench-serve": bench_serve}
     if not argv or argv[0] not in commands:
         sys.exit(f"usage: python -m nanoserve {{{'|'.join(commands)}}} [options]  (-h after a command for its help)")
     commands[argv[0]](argv[1:])

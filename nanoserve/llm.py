@@ -38,6 +38,13 @@ class LLM:
     through torch.compile, one graph per bucket, compiled on first use; "cudagraph" (CUDA only), one CUDA
     graph per bucket, captured when the LLM is built, replayed each step. Default: "cudagraph" on CUDA,
     "eager" on a CPU and with tensor parallelism. enforce_eager=True (vLLM's name) means "eager".
+    quantization: None, "int8" or "int4" ("int4-g32" / -g64 / -g128 / -g256 name the group size; "int4" is
+    group 128): every linear layer's weight stored in 8 or 4 bits at load time (chapter 07, `nanoserve.quant`);
+    `metrics()["weight_bytes"]` reports what the weights take.
+    speculative_config: None, or vLLM's dict (chapter 10, `nanoserve.spec`): {"method": "ngram",
+    "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4} or {"method": "draft_model",
+    "model": DIR, "num_speculative_tokens": k}; the output is exactly the target's (greedy: the same tokens);
+    `metrics()` adds spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, _per_pos.
     """
 
     def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
@@ -45,13 +52,22 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
                  scheduling: str = "continuous", tensor_parallel_size: int = 1, compilation: str | None = None,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, quantization: str | None = None, speculative_config: dict | None = None):
         from nanoserve.models.shipped import COURSE_MODEL
         path = COURSE_MODEL if model is None else model
         dev = resolve_device(device)
         from nanoserve.engine.compiled_decode import resolve_mode
         # a ValueError before anything loads
         compilation = resolve_mode(compilation, enforce_eager, dev, sharded=tensor_parallel_size != 1)
+        from nanoserve import quant, spec
+        scheme = quant.QuantScheme.parse(quantization)
+        spec_config = spec.SpeculativeConfig.parse(speculative_config)
+        if spec_config is not None and tensor_parallel_size != 1:
+            raise ValueError(f"speculative_config with tensor_parallel_size = {tensor_parallel_size}: "
+                             f"speculation runs in one process for now")
+        if scheme is not None and tensor_parallel_size != 1:
+            raise ValueError(f"quantization = {quantization!r} with tensor_parallel_size = {tensor_parallel_size}: "
+                             f"a sharded engine loads full-precision weights for now")
         if compilation != "eager" and tensor_parallel_size != 1:
             raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {tensor_parallel_size}: "
                              f"a sharded engine runs eager for now")
@@ -67,6 +83,7 @@ class LLM:
             weakref.finalize(self, self.tp.shutdown)   # at exit, or when this LLM is dropped, if shutdown() was not called
         else:
             self.model = models.load(path, device=dev, dtype=dtype)
+            quant.quantize_model(self.model, scheme)
         self.tokenizer = tokenizer_mod.load(path)
         cfg = self.model.config
         if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
@@ -101,7 +118,10 @@ class LLM:
             from nanoserve.distributed.worker import TensorParallelRunner
             runner = TensorParallelRunner(self.model, num_kv_blocks, block_size, seed, self.tp.group)
             self.tp.finish()   # launched ranks return from their LLM(...) now
-        self.engine = LLMEngine(self.model, self.tokenizer, config, runner)
+        decoder = None if spec_config is None else spec.build(
+            spec_config, self.model, dev, dtype, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+            max_model_len, seed)
+        self.engine = LLMEngine(self.model, self.tokenizer, config, runner, decoder)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers and leave the process group (a no-op for one process)."""
@@ -242,5 +262,7 @@ def gpu_kv_budget(total: int, utilization: float, weights: int, activation_peak:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of the model's parameters (a tied embedding and head counted once)."""
-    return sum(t.numel() * t.element_size() for t in {id(t): t for t in model.parameters()}.values())
+    """Bytes of the model's weights: its parameters and, for a quantized model, the codes and scales its
+    layers keep as buffers (a tied embedding and head counted once)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -35,8 +35,9 @@ class SamplingParams:
             bad("top_k", self.top_k, "-1 or 0 (disabled) or a positive int")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens", self.max_tokens, "an int >= 1")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad("seed", self.seed, "an int or None")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -2**63 <= self.seed < 2**64):   # what torch.Generator takes
+            bad("seed", self.seed, "an int in [-2**63, 2**64) or None")
         if self.stop_token_ids is not None:
             ids = list(self.stop_token_ids)
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):

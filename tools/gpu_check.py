@@ -1,7 +1,7 @@
 """Record the GPU evidence in one command: `make gpu-check` (or `python tools/gpu_check.py`).
 
 On a machine with CUDA it runs, one after the other, each under its own time limit so that the whole run
-stays under 8 minutes:
+stays under 9.5 minutes (a device command may run 10):
   1. every `gpu`-marked test (`pytest tests -m gpu`), as JUnit XML;
   2. decode latency on the course model, eager vs CUDA graphs at batch 1, 8 and 32
      (benchmarks/decode_latency.py --device cuda);
@@ -9,7 +9,10 @@ stays under 8 minutes:
   4. the offline benchmark against transformers (`python -m nanoserve bench --device cuda`);
   5. batch-1 decode bandwidth on a real-shape model (benchmarks/decode_bandwidth.py --device cuda);
   6. batch-1 decode latency on the course model and Qwen2.5-0.5B's shape: eager, torch.compile, CUDA
-     graphs and transformers' compiled static-cache decode (the named peer).
+     graphs and transformers' compiled static-cache decode (the named peer);
+  7. weight-only quantization: batch-1 decode of Qwen2.5-0.5B's shape in bf16, int8 and int4 (the Triton
+     dequant-matmul kernels) against gpt-fast's int8 recipe (benchmarks/quantization.py --device cuda).
+`--steps NAME ...` runs only the named steps (in this order), e.g. when device time is short.
 Everything goes to benchmarks/results/gpu-<UTC time>/: machine.json (GPU, driver, torch, CUDA, Triton,
 commit, date), each step's log, the benchmarks' JSON records, pytest's junit.xml, and summary.json (each
 step's exit status and seconds). Commit that folder.
@@ -31,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET_S = 450          # all steps together: under 8 minutes with start-up and machine info
+BUDGET_S = 570          # all steps together: under 9.5 minutes with start-up and machine info
 MIN_STEP_S = 15         # a step with less time than this left is skipped, not started
 
 
@@ -59,6 +62,7 @@ def steps(out: Path) -> list[tuple[str, list[str], int]]:
         ("decode-bandwidth", [py, "benchmarks/decode_bandwidth.py", "--device", "cuda", "--dtype", "bfloat16",
                               "--save", str(out)], 35),
         ("decode-latency-all", latency + ["COURSE_MODEL", "qwen2.5-0.5b", "--batch-sizes", "1"], 110),
+        ("quantization", [py, "benchmarks/quantization.py", "--device", "cuda", "--save", str(out)], 120),
     ]
 
 
@@ -118,7 +122,12 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
                     help="parent folder of the gpu-<UTC time>/ folder (default benchmarks/results)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for all steps (default {BUDGET_S})")
+    ap.add_argument("--steps", nargs="+", metavar="NAME", help="run only these steps (default: all)")
     args = ap.parse_args(argv)
+    known = [name for name, _, _ in steps(Path("."))]
+    unknown = sorted(set(args.steps or ()) - set(known))
+    if unknown:
+        ap.error(f"unknown step(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
     import torch
     if not torch.cuda.is_available():
         print(f"gpu-check: torch {torch.__version__} sees no CUDA device (torch.version.cuda = {torch.version.cuda}); "
@@ -133,6 +142,8 @@ def main(argv=None) -> int:
     deadline = time.perf_counter() + args.budget
     results = []
     for name, cmd, limit in steps(out):
+        if args.steps and name not in args.steps:
+            continue
         left = deadline - time.perf_counter()
         if left < MIN_STEP_S:
             results.append(dict(step=name, command=cmd, returncode=None, timed_out=False, seconds=0.0,

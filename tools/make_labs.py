@@ -1,11 +1,13 @@
-"""Write labs/ from solutions/: the learner's copy of each lab, with the solutions cut out.
+"""Write labs/ from solutions/: the learner's copy of each lab and exercise notebook, solutions cut out.
 
-    python tools/make_labs.py                 # (re)write labs/labNN_*.ipynb   (`make labs`)
+    python tools/make_labs.py                 # (re)write labs/labNN_*.ipynb and labs/exNN_*.ipynb   (`make labs`)
     python tools/make_labs.py --check         # exit 1, listing the files, if labs/ is out of date
     python tools/make_labs.py --solutions DIR --labs DIR     # other folders (the tests use a fixture)
 
 solutions/labNN_slug.ipynb is the single source of a lab; labs/labNN_slug.ipynb is generated from it
-and never edited by hand.
+and never edited by hand. Exercise notebooks (solutions/exNN_slug.ipynb, one per chapter) are generated
+the same way; their solution regions usually sit inside a function's body, so the learner's copy defines
+the function and calling it raises the TODO (the exercise's check reports that as a FAIL).
 
 Code cells. A solution region is the lines strictly between a line `### BEGIN SOLUTION` and a line
 `### END SOLUTION` (each marker alone on its line, at any indentation). The region becomes a stub:
@@ -57,7 +59,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 TODO_TAG = "raises-exception"
-LAB_GLOB = "lab*.ipynb"
+LAB_GLOBS = ("lab*.ipynb", "ex[0-9]*.ipynb")
 DEFAULT_CODE_HINT = "complete this part"
 DEFAULT_MARKDOWN_HINT = "write your answer here"
 
@@ -181,7 +183,7 @@ def render(nb: nbformat.NotebookNode) -> str:
 def expected_labs(solutions_dir: Path) -> dict[str, str]:
     """File name -> the text tools/make_labs.py writes for it, for every solution in `solutions_dir`."""
     labs = {}
-    for path in sorted(solutions_dir.glob(LAB_GLOB)):
+    for path in sorted(p for pattern in LAB_GLOBS for p in solutions_dir.glob(pattern)):
         with open(path, encoding="utf-8") as f:
             labs[path.name] = render(make_lab(json.load(f), name=str(path)))
     return labs
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MarkerError, json.JSONDecodeError) as exc:
         print(f"make_labs: {exc}", file=sys.stderr)
         return 2
-    existing = {p.name for p in args.labs.glob(LAB_GLOB)} if args.labs.is_dir() else set()
+    existing = {p.name for pattern in LAB_GLOBS for p in args.labs.glob(pattern)} if args.labs.is_dir() else set()
     problems = []
     for name, text in expected.items():
         lab = args.labs / name

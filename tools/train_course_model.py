@@ -18,7 +18,6 @@ import math
 import os
 import platform
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -30,13 +29,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from nanoserve.course.corpus import corpus_files, read  # noqa: E402  (the split, shared with chapter 07)
 from nanoserve.models import CausalLM, ModelConfig  # noqa: E402
 
 OUT = REPO / "nanoserve" / "course_models"
 CACHE = REPO / "tools" / ".train_cache"
 EOT = "<|endoftext|>"
 VOCAB_SIZE = 4096
-MAX_FILE_BYTES = 200_000  # skip generated tables (unicode data, pydoc topics): not code anyone writes
 
 SIZES = {  # Llama architecture, tied embeddings; the draft is ~6x smaller for speculative decoding
     "base": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=6, num_attention_heads=8,
@@ -46,26 +45,6 @@ SIZES = {  # Llama architecture, tied embeddings; the draft is ~6x smaller for s
     "smoke": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, lr=3e-3),
 }
-
-
-def corpus_files(limit: int | None = None) -> tuple[list[Path], list[Path]]:
-    """(train, validation) .py files of the standard library; tests and generated tables left out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for f in sorted(root.rglob("*.py")):
-        rel = f.relative_to(root).as_posix()
-        if "site-packages" in rel or "/test" in f"/{rel}" or f.stat().st_size > MAX_FILE_BYTES:
-            continue
-        files.append(f)
-    if limit:
-        files = files[:limit]
-    # the same split on every machine: 1 file in 40 (by a hash of its path) is held out for validation
-    is_val = [int(hashlib.sha1(f.relative_to(root).as_posix().encode()).hexdigest(), 16) % 40 == 0 for f in files]
-    return [f for f, v in zip(files, is_val) if not v], [f for f, v in zip(files, is_val) if v]
-
-
-def read(f: Path) -> str:
-    return f.read_text(encoding="utf-8", errors="replace")
 
 
 def train_tokenizer(files: list[Path], vocab_size: int = VOCAB_SIZE) -> Tokenizer:

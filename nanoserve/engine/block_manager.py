@@ -110,6 +110,16 @@ class BlockManager:
             seq.block_table.append(self._take_free())
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Free the blocks past those covering `num_tokens` positions (chapter 10: the rejected drafts'
+        positions, when a rollback leaves a block with none of the sequence's tokens)."""
+        keep = max(self.blocks_for(num_tokens), len(seq.block_hashes))
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block.block_id] = None
+
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's hold on its blocks; unreferenced blocks go back on the free list."""
         for block_id in reversed(seq.block_table):  # tail first, so the tail is evicted before the prefix

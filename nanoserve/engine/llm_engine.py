@@ -51,8 +51,9 @@ class EngineConfig:
 
 class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer | None, config: EngineConfig,
-                 runner: ModelRunner | None = None):
+                 runner: ModelRunner | None = None, spec=None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.spec = spec   # chapter 10: a spec.SpeculativeDecoder, or None
         param = next(model.parameters())
         self.device = param.device
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
@@ -107,6 +108,8 @@ class LLMEngine:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         seqs = [self.requests.pop(i) for i in ids if i in self.requests]
         self.scheduler.abort(seqs, time.perf_counter())
+        if self.spec is not None:
+            self.spec.release(self.scheduler.running)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule a batch, run it, record tokens. Returns a RequestOutput for every
@@ -125,9 +128,15 @@ class LLMEngine:
             seq.num_computed_ever = max(seq.num_computed_ever, stop)
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-        new_tokens = self.runner.run(batch)
+        if self.spec is not None:   # chapter 10: decodes carry drafts; each gets its accepted ones and one more
+            new_tokens, computed = self.spec.run(batch, self.runner, self.block_manager, self.scheduler.running)
+            batch = [(seq, computed.get(seq.seq_id, n)) for seq, n in batch]
+        else:
+            new_tokens = self.runner.run(batch)
         now = time.perf_counter()
         advanced = self.scheduler.update(batch, new_tokens, now)
+        if self.spec is not None:
+            self.spec.release(self.scheduler.running)
         outputs = [self._output(seq, self._new_text(seq, now)) for seq in advanced]
         for seq in advanced:
             if seq.is_finished:
@@ -141,7 +150,8 @@ class LLMEngine:
         that can be sent now. Text that might be the start of a stop string is held back until it is not."""
         if seq.detokenizer is None:
             return ""
-        seq.text += seq.detokenizer.push(seq.token_ids[-1:])
+        seq.text += seq.detokenizer.push(seq.token_ids[seq.num_detokenized:])   # one token, or more (ch. 10)
+        seq.num_detokenized = seq.num_tokens
         if seq.is_finished:
             seq.text += seq.detokenizer.flush()
         stops = seq.params.stop or ()
@@ -180,7 +190,8 @@ class LLMEngine:
                     kv_cache_bytes=self.kv_cache.nbytes,
                     prefix_cache_hit_rate=b.hit_tokens / b.queried_tokens if b.queried_tokens else 0.0,
                     prefix_cache_hit_tokens=b.hit_tokens, prefix_cache_queried_tokens=b.queried_tokens,
-                    num_preemptions=s.num_preemptions, **self.compile_metrics(), **self.stats)
+                    num_preemptions=s.num_preemptions, **self.compile_metrics(), **self.stats,
+                    **(self.spec.metrics() if self.spec is not None else {}))
 
     def compile_metrics(self) -> dict:
         """Chapter 06: the compilation mode, graphs compiled or captured, recompiles (a bucket compiled twice),

@@ -60,17 +60,21 @@ class ModelRunner:
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
 
     @torch.inference_mode()
-    def forward(self, plan: StepPlan) -> torch.Tensor | None:
-        """Forward the step's new tokens; the fp32 logits of the rows that sample, or None if none does."""
-        if self.compiled is not None and self.compiled.accepts(plan) and len(plan.sample_rows) == len(plan.token_ids):
+    def forward(self, plan: StepPlan, num_logits: list[int] | None = None) -> torch.Tensor | None:
+        """Forward the step's new tokens; the fp32 logits of the rows that sample, or None if none does.
+        num_logits (chapter 10): for each sampling row, logits at its last m tokens instead of its last one
+        (the target scoring k drafts), concatenated in row order."""
+        if (num_logits is None and self.compiled is not None and self.compiled.accepts(plan)
+                and len(plan.sample_rows) == len(plan.token_ids)):
             return self.compiled.forward(plan)     # a decode step: its bucket's graph (every row samples)
         ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables)
         self.attention.metadata = meta
         hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
         if not plan.sample_rows:
             return None
-        last_rows = [meta.last_tokens[i] for i in plan.sample_rows]
-        return self.model.lm_head(hidden[last_rows]).float()  # the head only where we sample
+        counts = num_logits or [1] * len(plan.sample_rows)
+        rows = [int(meta.last_tokens[i]) - m + 1 + j for i, m in zip(plan.sample_rows, counts) for j in range(m)]
+        return self.model.lm_head(hidden[rows]).float()  # the head only where we sample
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> dict:

@@ -44,7 +44,15 @@ class Scheduler:
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The next step's batch: (sequence, number of its tokens to run), within the token budget."""
-        budget = self.max_num_batched_tokens
+        batch, budget, preempted = self.schedule_running(self.max_num_batched_tokens)
+        # admit only when nothing had to give way this step: memory is tight, let the running finish
+        if not preempted and (self.policy == "continuous" or not self.running):
+            batch += self.admit(budget)
+        return batch
+
+    def schedule_running(self, budget: int) -> tuple[list[tuple[Sequence, int]], int, bool]:
+        """The running sequences' part of the step, preempting the latest admitted when blocks run out.
+        Returns (their batch entries, the token budget left, whether anyone was preempted)."""
         batch = []
         preempted = False
         for seq in list(self.running):
@@ -61,11 +69,15 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 batch.append((seq, n))
                 budget -= n
-        # admit only when nothing had to give way this step: memory is tight, let the running finish
-        admitting = not preempted and (self.policy == "continuous" or not self.running)
-        computing = self._blocks_being_computed() if admitting and self.defer_shared_prefixes else set()
+        return batch, budget, preempted
+
+    def admit(self, budget: int) -> list[tuple[Sequence, int]]:
+        """Waiting requests that join the running batch this step, first come first served, while there is
+        room under max_num_seqs, tokens left in `budget` and KV blocks for what they compute now."""
+        batch = []
+        computing = self._blocks_being_computed() if self.defer_shared_prefixes else set()
         i = 0
-        while admitting and i < len(self.waiting) and len(self.running) < self.max_num_seqs and budget > 0:
+        while i < len(self.waiting) and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[i]
             if self.policy == "continuous" and self.blocks.first_missing_block(seq) in computing:
                 i += 1                 # its next block is being computed by another request: follow it next step
@@ -115,17 +127,24 @@ class Scheduler:
         advanced = []
         for seq, n in batch:
             seq.num_cached_tokens += n
-            self.blocks.commit_full_blocks(seq)
-            if seq.seq_id not in new_tokens:   # a prompt chunk that did not reach the end: nothing sampled
+            tokens = new_tokens.get(seq.seq_id)
+            if tokens is None:                 # a prompt chunk that did not reach the end: nothing sampled
+                self.blocks.commit_full_blocks(seq)
                 continue
-            token = new_tokens[seq.seq_id]
-            seq.token_ids.append(token)
-            seq.token_times.append(now)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            reason = self.stop_reason(seq, token)
+            reason = None
+            for token in tokens if isinstance(tokens, list) else [tokens]:   # several: accepted drafts (ch. 10)
+                seq.token_ids.append(token)
+                seq.token_times.append(now)
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                reason = self.stop_reason(seq, token)
+                if reason:
+                    break
+            self.blocks.commit_full_blocks(seq)
             if reason:
                 self.finish(seq, reason, now)
+            else:   # rejected drafts may have left blocks with none of its tokens: back to the pool
+                self.blocks.trim(seq, seq.num_tokens)
             advanced.append(seq)
         return advanced
 

@@ -42,6 +42,7 @@ class Sequence:
         self.detokenizer = detokenizer            # tokenizer.IncrementalDecoder, or None (token ids only)
         self.text = ""                            # decoded output so far, cut at a stop string
         self.num_text_sent = 0                    # characters of `text` already handed out as deltas
+        self.num_detokenized = len(prompt_token_ids)   # tokens pushed through the detokenizer
         self.arrival_time = time.perf_counter()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

@@ -16,6 +16,7 @@ _LAZY = {   # name -> the module of nanoserve.perf that defines it
     "HARDWARE": "hardware", "Hardware": "hardware", "INTERCONNECTS": "hardware", "Interconnect": "hardware",
     "measure_ceilings": "hardware",
     "count_ops": "dispatch", "dispatch_cost": "dispatch",
+    "DecodeTimer": "decode", "interleaved_decode": "decode",
     "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
     "keep_freed_memory": "memory",
     "peak_memory": "memory", "peak_rss_bytes": "memory",

@@ -1,0 +1,199 @@
+"""The engine behind a server (chapter 09): its loop on a thread of its own, requests joining a running batch.
+
+    front = AsyncLLMEngine(engine, max_queued_requests=64)
+    async for out in front.generate("req-1", "def f(x):", SamplingParams(max_tokens=32)):
+        print(out.outputs[0].text_delta, end="")          # one RequestOutput per step the request advanced
+
+`LLMEngine` is not thread-safe, so exactly one thread touches it: the loop thread. It takes commands (add a
+request, abort one) from a queue between steps, runs `step()` while anything is unfinished, and hands each
+output to its request's asyncio queue through the event loop (`call_soon_threadsafe`). The event loop only
+waits; tokenization of the prompt, scheduling, the forward and detokenization all run on the loop thread,
+between steps, which is where a server's "data pipeline" sits (chapter 09 measures it).
+
+Leaving the `async for` early (a client that disconnected, a cancelled task) aborts the request: its KV
+blocks are freed at the next step boundary. A bounded waiting queue (requests, and prompt tokens) refuses new
+requests with `QueueFull` (a server answers 429) instead of letting latency grow without limit. A step that raises fails the requests
+of that step, each with the error, and the loop goes on serving the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from nanoserve.outputs import RequestOutput
+
+_IDLE_WAIT_S = 0.05   # how long the idle loop blocks on the command queue before checking for shutdown
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound: try again later (HTTP 429)."""
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine, max_queued_requests: int | None = None, max_queued_prompt_tokens: int | None = None):
+        for name, bound in (("max_queued_requests", max_queued_requests),
+                            ("max_queued_prompt_tokens", max_queued_prompt_tokens)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+                raise ValueError(f"{name} = {bound!r}: expected an int >= 0 or None")
+        self.engine, self.max_queued_requests = engine, max_queued_requests
+        self.max_queued_prompt_tokens = max_queued_prompt_tokens
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # loop thread only
+        self._submitted = 0            # adds sent but not yet taken by the loop thread (event-loop side)
+        self._submitted_tokens = 0     # their prompt tokens, when known
+        self.snapshot = self._take_snapshot()   # the engine's state, published by the loop thread (read anywhere)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="nanoserve-engine", daemon=True)
+        self._thread.start()
+
+    # --- the event loop's side ------------------------------------------------------------------------
+
+    def num_waiting(self) -> int:
+        """Requests that would have to wait for a free place in the batch: those queued beyond what the
+        running batch (max_num_seqs) has room for (read from another thread: a snapshot)."""
+        with self._lock:
+            pending = self._submitted
+        sched = self.engine.scheduler
+        return max(0, pending + len(sched.waiting) + len(sched.running) - sched.max_num_seqs)
+
+    def num_in_flight(self) -> int:
+        """Requests submitted that the loop thread has not taken yet."""
+        with self._lock:
+            return self._submitted
+
+    def num_waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the requests not yet admitted (the last published snapshot plus those in flight)."""
+        with self._lock:
+            pending = self._submitted_tokens
+        return pending + self.snapshot["waiting_prompt_tokens"]
+
+    async def generate(self, request_id: str, prompt, params) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its RequestOutput each step it advances, the last with finished=True.
+        `prompt`: text, or token ids (a server tokenizes first, so it can bound the queued prompt tokens).
+        Raises QueueFull when the waiting queue is at its bound, ValueError/TypeError for a bad request."""
+        if self._stop.is_set():
+            raise RuntimeError("the engine has shut down")
+        if self.max_queued_requests is not None and self.num_waiting() >= self.max_queued_requests:
+            raise QueueFull(f"{self.num_waiting()} requests are waiting (max_queued_requests = "
+                            f"{self.max_queued_requests}); retry later")
+        tokens = len(prompt) if isinstance(prompt, (list, tuple)) else 0
+        waiting_tokens = self.num_waiting_prompt_tokens()   # a request that finds none waiting is always taken
+        if (self.max_queued_prompt_tokens is not None and waiting_tokens
+                and waiting_tokens + tokens > self.max_queued_prompt_tokens):
+            raise QueueFull(f"{waiting_tokens} prompt tokens are waiting and this request brings "
+                            f"{tokens} (max_queued_prompt_tokens = {self.max_queued_prompt_tokens}); retry later")
+        sink: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._submitted += 1
+            self._submitted_tokens += tokens
+        self._commands.put(("add", request_id, prompt, params, asyncio.get_running_loop(), sink, tokens))
+        finished = False
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:   # the consumer left early: free the request's blocks
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop thread: requests still running are aborted."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    # --- the loop thread ---------------------------------------------------------------------------------
+
+    def _take_snapshot(self) -> dict:
+        """What /metrics and admission read from other threads: plain numbers, replaced whole each time."""
+        sched, blocks = self.engine.scheduler, self.engine.block_manager
+        return dict(num_running=len(sched.running), num_waiting=len(sched.waiting),
+                    waiting_prompt_tokens=sum(seq.num_prompt_tokens for seq in sched.waiting),
+                    kv_cache_usage=1.0 - blocks.num_free / blocks.num_blocks if blocks.num_blocks else 0.0,
+                    prefix_cache_queries=blocks.queried_tokens, prefix_cache_hits=blocks.hit_tokens,
+                    num_preemptions=sched.num_preemptions,
+                    spec=self.engine.spec.metrics() if getattr(self.engine, "spec", None) is not None else None)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_commands(block=not self.engine.has_unfinished())
+            self.snapshot = self._take_snapshot()
+            if not self.engine.has_unfinished():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:   # the step's requests fail, each with the error; the loop goes on
+                self._fail_running(e)
+                continue
+            finally:
+                self.snapshot = self._take_snapshot()
+            for out in outputs:
+                self._send(out.request_id, out)
+                if out.finished:
+                    self._sinks.pop(out.request_id, None)
+        for request_id in list(self._sinks):
+            self.engine.abort(request_id)
+            self._send(request_id, RuntimeError("the engine shut down"))
+        self.snapshot = self._take_snapshot()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command) -> None:
+        if command[0] == "abort":
+            request_id = command[1]
+            self.engine.abort(request_id)
+            self._sinks.pop(request_id, None)
+            return
+        _, request_id, prompt, params, loop, sink, tokens = command
+        with self._lock:
+            self._submitted -= 1
+            self._submitted_tokens -= tokens
+        try:
+            if request_id in self._sinks:
+                raise ValueError(f"request_id {request_id!r} is already running or waiting")
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as e:   # a bad request fails alone, at its own await
+            loop.call_soon_threadsafe(sink.put_nowait, e)
+            return
+        self._sinks[request_id] = (loop, sink)
+
+    def _send(self, request_id: str, item) -> None:
+        target = self._sinks.get(request_id)
+        if target is None:
+            return
+        loop, sink = target
+        try:
+            loop.call_soon_threadsafe(sink.put_nowait, item)
+        except RuntimeError:   # the client's event loop is closed: nobody is listening
+            self.engine.abort(request_id)
+            self._sinks.pop(request_id, None)
+
+    def _fail_running(self, error: Exception) -> None:
+        ids = [seq.seq_id for seq in self.engine.scheduler.running]
+        self.engine.abort(ids)
+        for request_id in ids:
+            self._send(request_id, RuntimeError(f"request {request_id} failed in the engine: "
+                                                f"{type(error).__name__}: {error}"))
+            self._sinks.pop(request_id, None)
+

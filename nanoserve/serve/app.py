@@ -1,0 +1,227 @@
+"""The HTTP front: OpenAI's routes over an AsyncLLMEngine, on FastAPI (Starlette) served by uvicorn.
+
+    app = build_app(front, tokenizer, chat_template, served_model_name="course", max_model_len=1024)
+
+Each request is handled on the event loop: parse and check the body (a 400 names the field), tokenize the
+prompt (so a prompt too long for the model is a 400 and the queue bound can count tokens), submit it to the
+engine loop, and relay what comes back, as one JSON response or as server-sent events. The engine loop
+runs on its own thread (`AsyncLLMEngine`); the event loop never waits on a step, so new requests are taken
+while a batch runs, and join it at the next step.
+
+What a server must survive, and how this one does:
+  - a bad request: OpenAI's error JSON with a 4xx; an exception nobody expected is still answered (500,
+    the same JSON) and the server goes on;
+  - a full queue: 429 with Retry-After, before anything is queued;
+  - a client that leaves mid-stream: Starlette cancels the response, and leaving `front.generate` aborts
+    the request, freeing its KV blocks at the next step boundary;
+  - an engine error in one request's step: that request ends with the error (a 500, or an error event in
+    its stream), the others go on.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from nanoserve.engine.async_engine import QueueFull
+from nanoserve.serve import protocol
+from nanoserve.serve.metrics import CONTENT_TYPE, ServerMetrics
+from nanoserve.serve.protocol import APIError
+
+log = logging.getLogger("nanoserve.serve")
+RETRY_AFTER_S = 1   # what a 429 tells the client to wait: about one batch's worth of decode steps here
+
+
+class Server:
+    """The state the routes share: the engine front, the tokenizer, the limits, the metrics."""
+
+    def __init__(self, front, tokenizer, chat_template, served_model_name: str, max_model_len: int,
+                 api_key: str | None = None):
+        self.front, self.tokenizer, self.chat_template = front, tokenizer, chat_template
+        self.model, self.max_model_len, self.api_key = served_model_name, max_model_len, api_key
+        self.metrics = ServerMetrics(front, served_model_name)
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           type_="AuthenticationError")
+
+    def tokenize(self, prompt, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
+        vocab = self.tokenizer.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise protocol.bad(param, f"token ids must be in [0, {vocab}); got {bad[:3]}")
+        if not ids:
+            raise protocol.bad(param, "is empty after tokenization")
+        return ids
+
+    def check_length(self, ids: list[int], params, param: str) -> None:
+        """OpenAI's answer to a request that cannot fit: a 400 that gives the numbers."""
+        if len(ids) >= self.max_model_len:
+            raise protocol.bad(param, f"has {len(ids)} tokens; this model's maximum context length is "
+                                      f"{self.max_model_len} tokens (prompt plus at least one new token)")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                                f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+                                f"{params.max_tokens} for the completion).", "max_tokens")
+
+    async def run(self, ids: list[int], params, kind: str):
+        """Submit one request and return (request id, the async iterator of its outputs). QueueFull → 429."""
+        request_id = protocol.new_id(kind)
+        stream = self.front.generate(request_id, ids, params)
+        try:
+            first = await stream.__anext__()     # raises QueueFull, or the engine's error for a bad request
+        except QueueFull as e:
+            raise APIError(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except (ValueError, TypeError) as e:
+            raise APIError(400, str(e)) from None
+        return request_id, first, stream
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    return None if reason is None else ("length" if reason == "length" else "stop")
+
+
+def build_app(front, tokenizer, chat_template, served_model_name: str, max_model_len: int,
+              api_key: str | None = None) -> FastAPI:
+    server = Server(front, tokenizer, chat_template, served_model_name, max_model_len, api_key)
+    app = FastAPI(title="nanoserve", summary="An OpenAI-compatible server over the nanoserve engine (chapter 09).")
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception):   # a bug of ours: still an answer, and still serving
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        server.check_auth(request)
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": protocol.now(),
+                                            "owned_by": "nanoserve", "max_model_len": max_model_len}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        server.check_auth(request)
+        body = protocol.parse_json(await request.body())
+        protocol.check_model(body, served_model_name)
+        if "messages" in body:
+            text = chat_template.render(protocol.chat_messages(body))
+            ids = server.tokenize(text, "messages", add_special_tokens=False)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str) or not prompt:
+                raise protocol.bad("prompt", "expected a non-empty string")
+            ids = server.tokenize(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False)
+        return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        server.check_auth(request)
+        body = protocol.parse_json(await request.body())
+        protocol.check_model(body, served_model_name)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise protocol.bad("tokens", "expected a list of token ids")
+        server.tokenize(tokens, "tokens") if tokens else None
+        return {"prompt": tokenizer.decode(tokens)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        server.check_auth(request)
+        req = protocol.completion_request(protocol.parse_json(await request.body()), served_model_name)
+        ids = server.tokenize(req.prompt)
+        server.check_length(ids, req.params, "prompt")
+        return await respond(server, ids, req, "cmpl", protocol.completion_chunk, "text_completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        server.check_auth(request)
+        body = protocol.parse_json(await request.body())
+        model = protocol.check_model(body, served_model_name)
+        text = chat_template.render(protocol.chat_messages(body))
+        params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens")
+        ids = server.tokenize(text, "messages", add_special_tokens=False)
+        server.check_length(ids, params, "messages")
+        req = protocol.ParsedRequest(text, params, stream, include_usage, model)
+        return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk")
+
+    return app
+
+
+async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str):
+    request_id, first, outputs = await server.run(ids, req.params, kind)
+    created, chat = protocol.now(), kind == "chatcmpl"
+    if not req.stream:
+        last = first
+        try:
+            async for last in outputs:
+                pass
+        except RuntimeError as e:                    # the engine failed this request alone
+            raise APIError(500, str(e)) from None
+        server.metrics.record(last)
+        completion = last.outputs[0]
+        reason = _finish_reason(completion.finish_reason)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": None,
+                   "finish_reason": reason} if chat else
+                  {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": reason})
+        return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": req.model, "choices": [choice],
+                "usage": protocol.usage(len(ids), len(completion.token_ids))}
+
+    def chunk(text: str, reason: str | None) -> bytes:
+        payload = {"content": text} if chat else text
+        return protocol.sse(make_chunk(request_id, req.model, created, payload, reason, req.include_usage))
+
+    async def events():
+        last = first
+        finished = False
+        try:
+            if chat:   # OpenAI's chat stream opens with the role
+                yield protocol.sse(make_chunk(request_id, req.model, created, {"role": "assistant", "content": ""},
+                                              None, req.include_usage))
+            out = first
+            while True:
+                completion = out.outputs[0]
+                reason = _finish_reason(completion.finish_reason) if out.finished else None
+                if completion.text_delta or reason is not None:
+                    yield chunk(completion.text_delta, reason)
+                last = out
+                if out.finished:
+                    finished = True
+                    break
+                try:
+                    out = await outputs.__anext__()
+                except StopAsyncIteration:
+                    break
+            if req.include_usage:
+                yield protocol.sse(protocol.usage_chunk(request_id, chunk_object, req.model, created,
+                                                        protocol.usage(len(ids), len(last.outputs[0].token_ids))))
+        except RuntimeError as e:                    # the engine failed this request: say so in the stream
+            yield protocol.sse(APIError(500, str(e)).body())
+        finally:
+            if not finished:                         # a disconnect (cancelled) or an error: abort, free blocks
+                await outputs.aclose()
+            server.metrics.record(last)
+        yield protocol.sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,214 @@
+"""The OpenAI request and response shapes the server speaks, and the checks that turn a bad request into a 400.
+
+A request body is read field by field: each known field has one expected type, and a wrong one is a 400
+whose message names the field (`param`), as OpenAI's API answers. Unknown fields are ignored, as vLLM does
+(clients send fields like `user` that change nothing here). Fields the engine does not implement are
+accepted only at their neutral value (`n=1`, `logprobs=null`, penalties 0); anything else is a 400 that
+says so, rather than a response that silently ignored what was asked.
+
+Responses follow OpenAI's framing: `text_completion` / `chat.completion` objects, and for a stream
+`text_completion` / `chat.completion.chunk` chunks sent as server-sent events (`sse`).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from nanoserve.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error JSON: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+        self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                              429: "RateLimitError"}.get(status, "InternalServerError")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}", param)
+
+
+# field -> (accepted JSON types, description for the error message)
+_NUMBER = ((int, float), "a number")
+_INT = ((int,), "an integer")
+_BOOL = ((bool,), "true or false")
+_SAMPLING_FIELDS = {
+    "temperature": _NUMBER, "top_p": _NUMBER, "top_k": _INT, "seed": _INT, "max_tokens": _INT,
+    "ignore_eos": _BOOL, "stream": _BOOL, "n": _INT,
+    "stop": ((str, list), "a string or a list of strings"),
+    "stream_options": ((dict,), "an object"),
+    "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER, "repetition_penalty": _NUMBER,
+}
+_NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logprobs": None,
+            "top_logprobs": None, "echo": False, "best_of": 1, "suffix": None, "logit_bias": None, "tools": None}
+
+
+def _field(body: dict, name: str, default=None):
+    """body[name] when present and not null, checked against its expected JSON type."""
+    value = body.get(name)
+    if value is None:
+        return default
+    types, expected = _SAMPLING_FIELDS[name]
+    # JSON true/false are Python bools, which are ints too: a bool is only a bool here
+    if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
+        raise bad(name, f"expected {expected}, got {json.dumps(value)[:40]}")
+    return value
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str | list[int]          # text, or token ids (completions accept both)
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    model: str
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def check_model(body: dict, served: str) -> str:
+    model = body.get("model")
+    if model is None:
+        return served                        # vLLM serves the one model when none is named
+    if not isinstance(model, str):
+        raise bad("model", f"expected a string, got {json.dumps(model)[:40]}")
+    if model != served:
+        raise APIError(404, f"model {model!r} does not exist; this server serves {served!r}", "model",
+                       "NotFoundError")
+    return model
+
+
+def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[SamplingParams, bool, bool]:
+    """The request's SamplingParams, whether it streams, and whether the stream ends with a usage chunk."""
+    for name, neutral in _NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and value != neutral:
+            raise bad(name, f"{json.dumps(value)[:40]} is not supported by this server (only {json.dumps(neutral)})")
+    stream = _field(body, "stream", False)
+    options = _field(body, "stream_options")
+    if options is not None and not stream:
+        raise bad("stream_options", "only allowed when stream is true")
+    include_usage = False
+    if options is not None:
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise bad("stream_options.include_usage", f"expected true or false, got {json.dumps(include_usage)[:40]}")
+    max_tokens = body.get(max_tokens_field)
+    if max_tokens is None and max_tokens_field != "max_tokens":
+        max_tokens = body.get("max_tokens")   # chat: max_completion_tokens, or the older max_tokens
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        raise bad(max_tokens_field, f"expected an integer, got {json.dumps(max_tokens)[:40]}")
+    stop = _field(body, "stop")
+    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+        raise bad("stop", "expected a string or a list of strings")
+    kwargs = dict(temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
+                  top_k=_field(body, "top_k", -1), max_tokens=16 if max_tokens is None else max_tokens,
+                  ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None)
+    try:
+        params = SamplingParams(**kwargs)
+    except ValueError as e:               # "SamplingParams.top_p = 2: expected a number in (0, 1]"
+        name = str(e).split(" ", 1)[0].removeprefix("SamplingParams.")
+        raise bad(max_tokens_field if name == "max_tokens" else name, str(e).split(": ", 1)[-1]
+                  + f" (got {json.dumps(kwargs.get(name))[:40]})") from None
+    return params, stream, include_usage
+
+
+def completion_request(body: dict, served: str) -> ParsedRequest:
+    model = check_model(body, served)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]                   # the openai client may send one prompt as a one-element list
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt", "is empty")
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        pass
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise bad("prompt", f"a batch of {len(prompt)} prompts is not supported: send one request per prompt")
+    else:
+        raise bad("prompt", f"expected a string or a list of token ids, got {json.dumps(prompt)[:40]}")
+    params, stream, include_usage = sampling_params(body)
+    return ParsedRequest(prompt, params, stream, include_usage, model)
+
+
+def chat_messages(body: dict) -> list[dict]:
+    """The messages, each {"role", "content"} with content a string (text parts joined)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "expected a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}]", "expected an object with a string role")
+        content = m.get("content")
+        if isinstance(content, list):          # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad(f"messages[{i}].content", "only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        if content is None and m["role"] == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", f"expected a string, got {json.dumps(content)[:40]}")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+# --- responses -------------------------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
+                     include_usage: bool) -> dict:
+    chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+    if include_usage:
+        chunk["usage"] = None                # OpenAI: null in every chunk but the last
+    return chunk
+
+
+def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None,
+               include_usage: bool) -> dict:
+    chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(request_id: str, obj: str, model: str, created: int, u: dict) -> dict:
+    """The extra last chunk of stream_options.include_usage: no choices, the usage of the whole request."""
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": u}
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def now() -> int:
+    return int(time.time())

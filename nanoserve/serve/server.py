@@ -1,0 +1,104 @@
+"""`python -m nanoserve serve`: load a model, start the engine loop, serve OpenAI's API with uvicorn.
+
+    python -m nanoserve serve --port 8000 --max-num-seqs 32      # the course model on 127.0.0.1:8000
+
+The flags are the engine's options with vLLM's spelling. The server binds loopback unless told otherwise
+(`--host 0.0.0.0` exposes it; pair that with `--api-key`). On SIGINT or SIGTERM uvicorn stops accepting
+connections and lets the requests in flight finish for up to `--shutdown-timeout` seconds; what is still
+running then is cancelled (its KV blocks freed), the engine loop stops, and the process exits with 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="nanoserve serve", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default=None, help="Hugging Face-format directory (default: the course model)")
+    ap.add_argument("--served-model-name", default=None,
+                    help="the name clients use in 'model' (default: 'course' for the course model, else the directory's name)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
+                    help="the KV pool's size in blocks (vLLM's flag; on a CPU too)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--quantization", default=None, help="int8, int4, int4-g32/-g64/-g128/-g256")
+    ap.add_argument("--compilation", choices=["eager", "compile", "cudagraph"], default=None)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--speculative-config", type=json.loads, default=None,
+                    help='speculative decoding, as JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                         'or \'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}\'')
+    ap.add_argument("--max-queued-requests", type=int, default=None,
+                    help="requests waiting beyond the running batch before new ones get 429 (default: no bound)")
+    ap.add_argument("--max-queued-prompt-tokens", type=int, default=None,
+                    help="prompt tokens waiting before new requests get 429 (default: no bound)")
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0,
+                    help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    ap.add_argument("--uvicorn-log-level", default="warning")
+    return ap
+
+
+def build(args):
+    """The LLM, its engine front and the ASGI app for parsed `args` (raises ValueError on bad options)."""
+    from pathlib import Path
+
+    from nanoserve import LLM
+    from nanoserve.engine.async_engine import AsyncLLMEngine
+    from nanoserve.models.shipped import COURSE_MODEL
+    from nanoserve.serve.app import build_app
+    from nanoserve.serve.chat import ChatTemplate
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+              enable_prefix_caching=args.enable_prefix_caching, gpu_memory_utilization=args.gpu_memory_utilization,
+              seed=args.seed, compilation=args.compilation, enforce_eager=args.enforce_eager,
+              quantization=args.quantization, speculative_config=args.speculative_config)
+    path = COURSE_MODEL if args.model is None else args.model
+    name = args.served_model_name or ("course" if args.model is None else Path(args.model).name)
+    front = AsyncLLMEngine(llm.engine, args.max_queued_requests, args.max_queued_prompt_tokens)
+    app = build_app(front, llm.tokenizer, ChatTemplate.for_model(path), name, llm.engine.config.max_model_len,
+                    args.api_key)
+    return llm, front, app
+
+
+def main(argv=None) -> None:
+    import uvicorn
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        llm, front, app = build(args)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        sys.exit(f"nanoserve serve: {e}")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = uvicorn.Server(config)
+    # uvicorn drains on SIGINT/SIGTERM, then raises the signal again against the handler it found installed.
+    # Installing one that only notes it lets the engine loop stop and the process exit 0 after the drain.
+    stopped_by = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
+    print(f"nanoserve: serving {app.state.server.model!r} on http://{args.host}:{args.port}/v1 "
+          f"(max_num_seqs {args.max_num_seqs}, max_model_len {llm.engine.config.max_model_len})", flush=True)
+    try:
+        server.run()          # returns after SIGINT/SIGTERM, once in-flight requests drained or timed out
+    finally:
+        front.shutdown()
+        llm.shutdown()
+    print(f"nanoserve: stopped{' by ' + stopped_by[0] if stopped_by else ''}", flush=True)
+    if not server.started:
+        sys.exit(1)           # the port was taken, say: uvicorn has printed why
