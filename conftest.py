@@ -17,7 +17,10 @@ import pytest
 # through testpaths (`pytest tests/fixtures/solutions/lab00_example.ipynb` runs it alone). The
 # generated fixture lab is not: like labs/, it stops at its TODO stubs and has no outputs to compare;
 # tests/test_labs.py runs it.
-collect_ignore_glob = ["tests/fixtures/labs/*"]
+collect_ignore_glob = ["tests/fixtures/labs/*",
+                       # exercise notebooks print PASS/FAIL checks, not outputs to compare: tests/test_exercises.py
+                       # grades each solution (every check passes) and its generated copy (every check fails)
+                       "solutions/ex[0-9]*.ipynb"]
 
 # Output keys nbval must not compare (on top of its own list: metadata, traceback, execution_count,
 # images, ...). nbval turns each stream output into {"output_type": "stream", <name>: text}, so a

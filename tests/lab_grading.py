@@ -12,14 +12,37 @@ from nanoserve.course import grade
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def stub_problems(nb) -> tuple[int, list[str]]:
+    """(TODO cells, problems) of an executed lab: the cells before the first TODO must have run cleanly,
+    and every TODO cell must stop at its stub's NotImplementedError("TODO: ..."). Cells after the first
+    TODO may fail (they use what the learner has not written yet) and are not judged."""
+    todo_cells, problems = 0, []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        err = grade.cell_error(cell)
+        what = "no error" if err is None else f"{err['ename']}: {err['evalue']}"
+        if grade.is_todo_cell(cell):
+            todo_cells += 1
+            if err is None or err["ename"] != "NotImplementedError" or not err["evalue"].startswith("TODO"):
+                problems.append(f"cell {index} (TODO) should raise NotImplementedError('TODO: ...'), got {what}")
+        elif todo_cells == 0 and err is not None:
+            problems.append(f"cell {index}, before the first TODO, failed: {what}")
+    return todo_cells, problems
+
+
 def assert_unsolved_fails(lab: Path, tmp_path: Path, capsys, must_not_pass: tuple[str, ...], todos: int = 3) -> str:
-    """Grade a learner's untouched copy (wherever it lives): non-zero exit, `todos` stubs, none of `must_not_pass`."""
+    """Grade a learner's untouched copy (wherever it lives): non-zero exit, `todos` stubs, none of `must_not_pass`;
+    and, from the same run, the stubs behave (`stub_problems`): a lab is executed once for both."""
     copy = tmp_path / lab.name
     shutil.copy(lab, copy)
-    assert grade.main([str(copy)]) == 1
+    executed = tmp_path / f"executed-{lab.name}"
+    assert grade.main([str(copy), "--save", str(executed)]) == 1
     out = capsys.readouterr().out
     assert out.count("not implemented: NotImplementedError: TODO:") == todos, out
     assert not re.search(rf"PASS\s+({'|'.join(must_not_pass)})\s", out), out
+    todo_cells, problems = stub_problems(nbformat.read(str(executed), as_version=4))
+    assert todo_cells == todos and not problems, "\n".join(problems)
     return out
 
 

@@ -37,7 +37,7 @@ def test_trim_refuses_markers_that_do_not_name_one_line():
 
 def test_show_trimmed_engine_source_says_so(capsys):
     from nanoserve.engine import Scheduler
-    show(Scheduler.schedule, hide={"while not self.blocks.ensure": "chapter 04: preemption"})
+    show(Scheduler.schedule_running, hide={"while not self.blocks.ensure": "chapter 04: preemption"})
     out = capsys.readouterr().out
     assert "(trimmed to this chapter)" in out and "# ... chapter 04: preemption" in out
-    assert "self.preempt(" not in out and "def schedule(" in out
+    assert "self.preempt(" not in out and "def schedule_running(" in out

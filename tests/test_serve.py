@@ -1,0 +1,367 @@
+"""The OpenAI-compatible server, end to end over loopback: the real `openai` client and raw httpx against
+`python -m nanoserve serve` in a subprocess, checked against the offline engine's greedy outputs.
+
+Every server binds 127.0.0.1 on a free port; every wait is bounded (client timeouts, polls with deadlines);
+every server process is killed at the end of its module even when a test fails.
+"""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from nanoserve import LLM, SamplingParams
+from nanoserve.serve.chat import ChatTemplate
+from nanoserve.serve.load import free_port, start_server
+from nanoserve import COURSE_MODEL
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["def add(a, b):", "import os\n", "class Cache:\n    def", "for i in range(", "# sort a list\n"]
+MAX_TOKENS = 12
+TIMEOUT = httpx.Timeout(60.0)
+SERVE = [sys.executable, "-m", "nanoserve", "serve", "--host", "127.0.0.1"]
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """The offline engine's greedy text for each prompt, and for each prompt sent as a chat message."""
+    llm = LLM(max_num_seqs=8, max_model_len=1024)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    texts = [o.outputs[0].text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    template = ChatTemplate.for_model(COURSE_MODEL)
+    chats = [llm.tokenizer.encode(template.render([{"role": "user", "content": p}]), False) for p in PROMPTS]
+    chat_texts = [o.outputs[0].text for o in llm.generate(chats, greedy, use_tqdm=False)]
+    return dict(zip(PROMPTS, texts)), dict(zip(PROMPTS, chat_texts))
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The server most tests share: room for 16 sequences, no queue bound."""
+    port = free_port()
+    with start_server(SERVE + ["--port", str(port), "--max-num-seqs", "16", "--max-model-len", "1024"], port) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A server with a 2-sequence batch, at most 2 waiting, and an API key."""
+    port = free_port()
+    with start_server(SERVE + ["--port", str(port), "--max-num-seqs", "2", "--max-queued-requests", "2",
+                               "--api-key", "sesame", "--max-model-len", "256"], port) as url:
+        yield url
+
+
+def client(url, key="unused"):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60.0)
+
+
+def metric(url, name) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+def wait_idle(url, deadline_s=30.0):
+    """Poll /metrics until nothing runs and no KV block is held (aborts land at the next step boundary)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:kv_cache_usage_perc") == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not go idle in {deadline_s} s: running "
+                         f"{metric(url, 'vllm:num_requests_running')}, kv usage {metric(url, 'vllm:kv_cache_usage_perc')}")
+
+
+def sse_events(response) -> list:
+    """The events of a streamed response, checking the framing: `data: ...` lines, each followed by a blank one."""
+    events, lines = [], list(response.iter_lines())
+    for i in range(0, len(lines), 2):
+        assert lines[i].startswith("data: "), f"event {i // 2} is {lines[i]!r}"
+        assert i + 1 == len(lines) or lines[i + 1] == "", f"event {i // 2} is not followed by a blank line"
+        data = lines[i][len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_openai_client_completions_equal_the_offline_engine(server, offline):
+    texts, _ = offline
+    c = client(server)
+    for prompt in PROMPTS[:3]:
+        r = c.completions.create(model="course", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert r.choices[0].text == texts[prompt]
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == MAX_TOKENS
+        streamed = c.completions.create(model="course", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        stream=True)
+        chunks = list(streamed)
+        assert "".join(ch.choices[0].text for ch in chunks) == texts[prompt]
+        assert [ch.choices[0].finish_reason for ch in chunks][-1] == "length"
+
+
+def test_openai_client_chat_equals_the_offline_engine(server, offline):
+    _, chat_texts = offline
+    c = client(server)
+    prompt = PROMPTS[0]
+    messages = [{"role": "user", "content": prompt}]
+    r = c.chat.completions.create(model="course", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == chat_texts[prompt]
+    chunks = list(c.chat.completions.create(model="course", messages=messages, max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == chat_texts[prompt]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_stream_framing_and_the_usage_chunk(server, route):
+    body = {"model": "course", "max_tokens": 6, "temperature": 0, "stream": True}
+    body |= {"prompt": PROMPTS[1]} if route == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", f"{server}/v1/{route}", json=body | {"stream_options": {"include_usage": True}},
+                      timeout=TIMEOUT) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 6
+    assert all(e["usage"] is None and len(e["choices"]) == 1 for e in events[:-2])   # null until the last
+    with httpx.stream("POST", f"{server}/v1/{route}", json=body, timeout=TIMEOUT) as r:
+        plain = sse_events(r)
+    assert plain[-1] == "[DONE]" and all("usage" not in e and len(e["choices"]) == 1 for e in plain[:-1])
+    # stream_options without stream is a 400 that names it
+    r = httpx.post(f"{server}/v1/{route}", json=body | {"stream": False, "stream_options": {"include_usage": True}},
+                   timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+LONG = "x = 1\n" * 700   # about 2800 tokens: over max_model_len 1024
+BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"prompt": 42}, 400, "prompt"),
+    ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": [1, -5]}, 400, "prompt"),
+    ({"prompt": LONG}, 400, "prompt"),
+    ({"prompt": "def f", "max_tokens": 2000}, 400, "max_tokens"),
+    ({"prompt": "def f", "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"prompt": "def f", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "def f", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "def f", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "def f", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "def f", "top_k": 1.5}, 400, "top_k"),
+    ({"prompt": "def f", "seed": True}, 400, "seed"),
+    ({"prompt": "def f", "seed": 10**30}, 400, "seed"),
+    ({"prompt": "def f", "stop": [1]}, 400, "stop"),
+    ({"prompt": "def f", "n": 2}, 400, "n"),
+    ({"prompt": "def f", "logprobs": 5}, 400, "logprobs"),
+    ({"prompt": "def f", "stream": "yes"}, 400, "stream"),
+    ({"prompt": "def f", "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
+    ({"prompt": "def f", "model": "gpt-4"}, 404, "model"),
+    ({"prompt": ["a", "b"]}, 400, "prompt"),
+]
+
+
+def test_bad_requests_get_4xx_with_openai_error_json_and_the_server_keeps_serving(server, offline):
+    texts, _ = offline
+    for body, status, param in BAD_REQUESTS:
+        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+        r = httpx.post(f"{server}/v1/completions", timeout=TIMEOUT, headers={"content-type": "application/json"},
+                       **kwargs)
+        assert r.status_code == status, (body if isinstance(body, bytes) else str(body)[:80], r.text[:200])
+        error = r.json()["error"]
+        assert error["param"] == param and error["code"] == status and error["message"], error
+    for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "user", "content": 3}]},
+                                                          "messages[0].content"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
+                         "max_completion_tokens")]:
+        r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
+                                                     "temperature": 0}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[PROMPTS[0]]
+
+
+def test_64_concurrent_streams_over_rounds_all_complete_and_leak_nothing(server, offline):
+    texts, _ = offline
+
+    async def one(http, prompt):
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        text, usage = [], None
+        async with http.stream("POST", f"{server}/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    event = json.loads(line[6:])
+                    if event["choices"]:
+                        text.append(event["choices"][0]["text"])
+                    else:
+                        usage = event["usage"]
+        return "".join(text), usage
+
+    async def rounds(n_rounds, n_clients):
+        async with httpx.AsyncClient(timeout=TIMEOUT, limits=httpx.Limits(max_connections=n_clients)) as http:
+            results = []
+            for _ in range(n_rounds):
+                prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n_clients)]
+                results += list(zip(prompts, await asyncio.gather(*(one(http, p) for p in prompts))))
+            return results
+
+    before = metric(server, "vllm:request_success_total")
+    results = asyncio.run(asyncio.wait_for(rounds(3, 64), 240))
+    assert len(results) == 3 * 64
+    for prompt, (text, usage) in results:
+        assert text == texts[prompt] and usage["completion_tokens"] == MAX_TOKENS
+    assert metric(server, "vllm:request_success_total") - before == 3 * 64
+    wait_idle(server)
+    assert metric(server, "vllm:num_requests_waiting") == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    wait_idle(server)
+    aborted = metric(server, "vllm:request_success_total")
+    body = {"prompt": PROMPTS[2], "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        for _ in range(6):   # three events in
+            next(lines)
+        assert metric(server, "vllm:kv_cache_usage_perc") > 0 and metric(server, "vllm:num_requests_running") == 1
+    wait_idle(server)        # closing the connection aborted the request: nothing runs, every block is back
+    text = httpx.get(f"{server}/metrics", timeout=TIMEOUT).text
+    assert 'vllm:request_success_total{finished_reason="abort",model_name="course"}' in text
+    assert metric(server, "vllm:request_success_total") == aborted + 1
+
+
+def test_tokenize_detokenize_models_and_health(server):
+    r = httpx.post(f"{server}/tokenize", json={"prompt": "def add(a, b):"}, timeout=TIMEOUT).json()
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 1024
+    back = httpx.post(f"{server}/detokenize", json={"tokens": r["tokens"]}, timeout=TIMEOUT).json()
+    assert back["prompt"] == "def add(a, b):"
+    assert httpx.post(f"{server}/detokenize", json={"tokens": "abc"}, timeout=TIMEOUT).status_code == 400
+    assert client(server).models.list().data[0].id == "course"
+    assert httpx.get(f"{server}/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_api_key_guards_v1_but_not_health_or_metrics(small):
+    assert httpx.get(f"{small}/v1/models", timeout=TIMEOUT).status_code == 401
+    r = httpx.post(f"{small}/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer wrong"},
+                   timeout=TIMEOUT)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):
+        client(small, "wrong").models.list()
+    assert client(small, "sesame").models.list().data[0].id == "course"
+    assert httpx.get(f"{small}/health", timeout=TIMEOUT).status_code == 200
+    assert httpx.get(f"{small}/metrics", timeout=TIMEOUT).status_code == 200
+
+
+def test_a_burst_past_the_queue_bound_gets_429s_and_the_rest_complete(small):
+    headers = {"Authorization": "Bearer sesame"}
+
+    async def one(http, i):
+        r = await http.post(f"{small}/v1/completions", headers=headers,
+                            json={"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 48, "ignore_eos": True})
+        return r
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(12)))
+
+    responses = asyncio.run(asyncio.wait_for(burst(), 120))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429} and codes.count(429) >= 6 and codes.count(200) >= 4, codes
+    for r in responses:
+        if r.status_code == 429:
+            assert r.headers["Retry-After"] == "1" and r.json()["error"]["type"] == "RateLimitError"
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 48
+    wait_idle(small)
+
+
+def test_sigterm_drains_in_flight_streams_and_exits_cleanly():
+    port = free_port()
+    proc = subprocess.Popen(SERVE + ["--port", str(port), "--max-num-seqs", "2", "--max-model-len", "256"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        body = {"prompt": PROMPTS[0], "max_tokens": 40, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            proc.send_signal(signal.SIGTERM)      # mid-stream: this request is allowed to finish
+            events = [first] + [line for line in lines if line]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(httpx.TransportError):   # and it no longer listens
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.communicate(timeout=10)[0]
+    assert "stopped" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+
+
+def test_random_bodies_never_get_a_5xx(server, offline):
+    """A small fuzz: 150 bodies mixing valid and hostile values of every field; each answer is a 2xx or a
+    4xx with OpenAI's error JSON, and the server still answers a good request exactly afterwards."""
+    import random
+    rng = random.Random(0)
+    pool = [None, -1, 0, 1, 2, 0.5, 1.5, -0.0, 1e308, 10**30, -10**30, float("nan"), float("inf"), True, False,
+            "", "x", "def f(x):", "\u0000\ud7ff", [], [1], [1, "a"], [10**9], {}, {"include_usage": True}, "ä" * 3000]
+    fields = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+              "n", "logprobs", "ignore_eos", "model", "messages", "max_completion_tokens"]
+    texts, _ = offline
+
+    async def one(http, i):
+        body = {f: rng.choice(pool) for f in rng.sample(fields, rng.randint(1, 6))}
+        body.setdefault("prompt", rng.choice(["def f(x):", [5, 6, 7]]))
+        if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool) \
+                and 0 < body["max_tokens"] < 10**6:
+            body["max_tokens"] = min(body["max_tokens"], 8)
+        route = rng.choice(["completions", "chat/completions"])
+        r = await http.post(f"{server}/v1/{route}", content=json.dumps(body).encode(),
+                            headers={"content-type": "application/json"})
+        if r.status_code >= 500 or (r.status_code >= 400 and "error" not in r.json()):
+            return body, route, r.status_code, r.text[:300]
+        return None
+
+    async def main():
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(150)))
+
+    failures = [f for f in asyncio.run(asyncio.wait_for(main(), 240)) if f]
+    assert not failures, failures[:5]
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
+                                                     "temperature": 0}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[PROMPTS[0]]
+    wait_idle(server)
+
+
+def test_a_speculative_server_gives_the_same_text_and_reports_its_drafts(offline):
+    texts, _ = offline
+    port = free_port()
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    with start_server(SERVE + ["--port", str(port), "--max-num-seqs", "4", "--max-model-len", "1024",
+                               "--speculative-config", spec], port) as url:
+        for prompt in PROMPTS[:3]:
+            r = client(url).completions.create(model="course", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            assert r.choices[0].text == texts[prompt]
+        assert metric(url, "vllm:spec_decode_num_draft_tokens_total") > 0
+        assert 0 < metric(url, "vllm:spec_decode_num_accepted_tokens_total") <= \
+            metric(url, "vllm:spec_decode_num_draft_tokens_total")
