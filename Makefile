@@ -21,7 +21,7 @@ labs: setup
 bench: setup
 	$(PY) -m nanoserve bench
 
-# On a machine with CUDA: gpu tests and GPU benchmarks, under 8 minutes, into benchmarks/results/gpu-<time>/
+# On a machine with CUDA: gpu tests and GPU benchmarks, under 9.5 minutes, into benchmarks/results/gpu-<time>/
 gpu-check: setup
 	$(PY) tools/gpu_check.py
 
