@@ -63,14 +63,24 @@ def assert_solution_passes(solution: Path, checks: tuple[str, ...]) -> None:
     assert not failed, failed
 
 
-def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path: Path, capsys) -> tuple[int, str]:
+def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path: Path, capsys,
+                          through: str | None = None) -> tuple[int, str]:
     """Grade a copy of the solution with each `old` text (found in exactly one cell) replaced by `new`:
-    a learner who got one step wrong. Returns the grader's exit code and what it printed."""
+    a learner who got one step wrong. Returns the grader's exit code and what it printed.
+
+    `through`: run only up to the cell that prints that check (found in the committed solution's outputs).
+    The later cells are the costly lever runs (half a lab's time); a test that asserts on the checks up to
+    there does not need them, and nbval runs the whole solution anyway."""
     nb = nbformat.read(str(solution), as_version=4)
     for old, new in edits:
         cells = [c for c in nb.cells if old in c.source]
         assert len(cells) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(cells)}"
         cells[0].source = cells[0].source.replace(old, new)
+    if through is not None:
+        printed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+            re.search(rf"^(PASS|FAIL) {re.escape(through)}(?=[:\s])", o.get("text", ""), re.M) for o in c.get("outputs", []))]
+        assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
+        nb.cells = nb.cells[:printed[0] + 1]
     path = tmp_path / solution.name
     nbformat.write(nb, str(path))
     code = grade.main([str(path)])

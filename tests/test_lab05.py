@@ -42,10 +42,10 @@ def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
          'diagnosis = {"bound": "matmul", "evidence_s": measured["matmul"]}'),
         ("wrong_bound = grading.amdahl(a / sweep[CONTEXT])",
          'wrong_bound = 1 / (1 - measured["matmul"] / sum(measured.values()))'),
-    ], tmp_path, capsys)
+    ], tmp_path, capsys, through="wrong-lever-bound")
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says kv-read dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
-    # checks the edits do not touch still pass; the prediction (15% on a timing fit) is left out here: this
-    # extra run is exposed to the machine's noise, and nbval holds the solution's own prediction line
-    assert re.search(r"PASS\s+same-outputs\s", out) and re.search(r"PASS\s+speedup\s", out), out
+    # the check the edits do not touch still passes; the prediction (15% on a timing fit) is left out here:
+    # this extra run is exposed to the machine's noise, and nbval holds the solution's own prediction line
+    assert re.search(r"PASS\s+measured\s", out), out

@@ -36,9 +36,9 @@ def test_grading_lab06_wrong_diagnosis_fails(tmp_path, capsys):
          'diagnosis = {"bound": "work", "evidence_s": measured["work"]}'),
         ('wrong_bound = grading.amdahl(prof_attention.breakdown()["attention"] / prof_attention.wall_s)',
          'wrong_bound = grading.amdahl(measured["launch"] / t_eager[1])'),
-    ], tmp_path, capsys)
+    ], tmp_path, capsys, through="wrong-lever-bound")
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=work but the measurement says launch dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
-    for name in ("measured", "prediction", "same-outputs", "no-recompiles", "speedup"):
+    for name in ("measured", "prediction"):
         assert re.search(rf"PASS\s+{name}\s", out), out
