@@ -49,7 +49,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import torch  # noqa: E402
 
 from nanoserve import COURSE_DRAFT_MODEL, COURSE_MODEL, LLM, SamplingParams, models  # noqa: E402
-from nanoserve.course.bench import machine_info, save_record  # noqa: E402
+from nanoserve.course.bench import fill_defaults, machine_info, save_record  # noqa: E402
 from nanoserve.engine.compiled_decode import width_bucket  # noqa: E402
 from nanoserve.perf import measure_ceilings, sync  # noqa: E402
 
@@ -285,9 +285,7 @@ def parse_args(argv):
     ap.add_argument("--save", type=lambda s: Path(s) if s else None, default=Path("benchmarks/results"),
                     help="directory for the JSON record ('' saves none)")
     args = ap.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, QUICK if args.quick else DEFAULTS)
     engine_modes = ENGINE_MODES[args.device]
     args.modes = list(dict.fromkeys(args.modes or engine_modes + [PEER]))   # in order, once each
     for m in args.modes:

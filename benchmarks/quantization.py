@@ -66,7 +66,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from nanoserve import models, perf, quant  # noqa: E402
-from nanoserve.course.bench import machine_info, save_record  # noqa: E402
+from nanoserve.course.bench import fill_defaults, machine_info, save_record  # noqa: E402
 from nanoserve.engine.compiled_decode import width_bucket  # noqa: E402
 from nanoserve.models.loader import resolve_dtype  # noqa: E402
 from nanoserve.models.random_weights import config_file  # noqa: E402
@@ -397,9 +397,7 @@ def parse_args(argv):
     ap.add_argument("--save", type=lambda s: Path(s) if s else None, default=Path("benchmarks/results"),
                     help="directory for the JSON record ('' saves none)")
     args = ap.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, QUICK if args.quick else DEFAULTS)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here")
     for key in ("batch", "prompt", "rounds", "steps", "threads"):

@@ -40,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-from nanoserve.course.bench import machine_info, model_name, save_record  # noqa: E402
+from nanoserve.course.bench import fill_defaults, machine_info, model_name, save_record  # noqa: E402
 from nanoserve.serve.load import corpus_prompts, free_port, load, start_server  # noqa: E402
 
 SERVED_NAME = "bench"
@@ -107,9 +107,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="a test-size sweep (under a minute)")
     ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
     args = ap.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, QUICK if args.quick else DEFAULTS)
     rates = sorted(args.rates)
     if not all(0 < r < math.inf for r in rates):
         raise SystemExit(f"--rates {rates}: expected finite rates > 0")

@@ -65,7 +65,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 import torch  # noqa: E402
 
 from nanoserve import COURSE_DRAFT_MODEL, COURSE_MODEL, LLM, SamplingParams, tokenizer  # noqa: E402
-from nanoserve.course.bench import machine_info, save_record  # noqa: E402
+from nanoserve.course.bench import fill_defaults, machine_info, save_record  # noqa: E402
 from nanoserve.course.corpus import corpus_files, read  # noqa: E402
 from nanoserve.engine.model_runner import StepPlan  # noqa: E402
 from nanoserve.spec import NgramProposer  # noqa: E402
@@ -469,9 +469,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="a test-size run (under a minute)")
     ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
     args = ap.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_defaults(args, QUICK if args.quick else DEFAULTS)
     t_start = time.perf_counter()
     torch.manual_seed(args.seed)
     if args.threads:

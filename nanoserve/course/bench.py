@@ -84,6 +84,14 @@ def run_transformers(model_path: str, reqs, batch_size: int, dtype=torch.float32
                 decode_slots_computed=computed, outputs=outputs)
 
 
+def fill_defaults(args, defaults: dict) -> None:
+    """Set each option the command line left at None to its default (a benchmark's DEFAULTS, or its QUICK
+    sizes under --quick), so that an option given explicitly always wins."""
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
 def save_record(record: dict, directory: Path | None, name: str) -> Path | None:
     """Write one run's record as benchmarks/results/<name>-<UTC time>.json (nothing when directory is None)."""
     if not directory:
