@@ -203,7 +203,7 @@ def measure_model(name: str, path: str, args) -> tuple[dict, list[dict]]:
     llc = last_level_cache_bytes(torch.device(args.device))
     exceeds_cache = llc is None or weights > llc
     # the floor a step cannot beat when its weights stream from memory: weight bytes / copy bandwidth
-    # (measure_ceilings' number, measured once per machine and cached)
+    # (measure_ceilings' number, measured once in this process)
     bandwidth = measure_ceilings(device=args.device).mem_bw if exceeds_cache else None
     prompts = make_prompts(max(args.batch_sizes), args.prompt, cfg.vocab_size, args.seed)
     rows = []

@@ -439,7 +439,7 @@ def main(argv=None) -> dict:
     copy_bw = perf.measure_ceilings(device=device).mem_bw
     print(f"measured memory bandwidth: read {read_before / 1e9:.1f} GB/s (summing a 1 GiB buffer; again after "
           f"timing, the better one counts), "
-          f"copy {copy_bw / 1e9:.1f} GB/s (measure_ceilings, best seen on this machine)")
+          f"copy {copy_bw / 1e9:.1f} GB/s (measure_ceilings, measured in this run)")
 
     torchao, torchao_why = (None, None)
     if any(v.model.startswith("torchao-") for v in variants):

@@ -14,7 +14,7 @@ _LAZY = {   # name -> the module of nanoserve.perf that defines it
     "fit_alpha_beta": "comm", "measure_collective": "comm", "plot_collective": "comm",
     "ring_allgather_time": "comm", "ring_allreduce_time": "comm", "ring_reduce_scatter_time": "comm",
     "HARDWARE": "hardware", "Hardware": "hardware", "INTERCONNECTS": "hardware", "Interconnect": "hardware",
-    "measure_ceilings": "hardware",
+    "measure_ceilings": "hardware", "KernelCeiling": "hardware", "kernel_ceiling": "hardware",
     "count_ops": "dispatch", "dispatch_cost": "dispatch",
     "DecodeTimer": "decode", "interleaved_decode": "decode",
     "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",

@@ -3,17 +3,17 @@
 `HARDWARE` holds vendor datasheet numbers (dense, i.e. without 2:4 sparsity) for accelerators the
 course talks about. `INTERCONNECTS` holds the links between them (NVLink, PCIe, InfiniBand): the
 bandwidth of one direction, which is the ring model's beta (see `nanoserve.perf.comm`), and a typical
-latency of one ring step, its alpha. `measure_ceilings()` measures the two ceilings of the machine you are on and
-returns them as a row of the same kind, cached per machine under ~/.cache/nanoserve/.
+latency of one ring step, its alpha. `measure_ceilings()` measures the ceilings of the machine you are on and
+returns them as a row of the same kind, once per process: a ceiling is a fact about this machine now, so it is never
+read back from an earlier run (a noisy first run, or another machine sharing a home directory, would poison every
+later lesson). `kernel_ceiling()` measures the roof of one particular kernel at the shape a lesson uses.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
-import socket
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -132,11 +132,6 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in [
 ]}
 
 
-def _cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "nanoserve" / "ceilings.json"
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -146,11 +141,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _machine_key(dev: torch.device) -> str:
-    what = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} threads"
-    return f"{socket.gethostname()} | {_cpu_model()} | torch {torch.__version__} | {dev.type}: {what}"
 
 
 def _matmul_flops(n: int, dtype: torch.dtype, dev: torch.device) -> float:
@@ -180,46 +170,69 @@ def _copy_bw(nbytes: int, dev: torch.device) -> float:
     return 2 * src.numel() * 4 / t.min_s
 
 
+# Measured ceilings of this process, by (device, threads). Never written to disk: see the module's docstring.
+_MEASURED: dict[tuple[str, int], Hardware] = {}
+
+
 def measure_ceilings(force: bool = False, device: str | torch.device | None = None) -> Hardware:
-    """Measure this machine's fp32 matmul FLOP/s and memory copy bytes/s; return them as a `Hardware` row.
+    """Measure this machine's fp32 and bf16 matmul FLOP/s and memory copy bytes/s; return them as a `Hardware` row.
 
     The best of a few runs is kept (a ceiling is what the machine can reach, not what it usually does).
-    Results are cached per (host, CPU model, torch version, device) in ~/.cache/nanoserve/ceilings.json;
-    `force=True` measures again and returns what it measured now. The cache keeps the best ever seen:
-    a run on a busy machine can only under-measure a ceiling, and must not stick.
-    Takes a few seconds on a 2-core CPU.
+    Measured once per process and device (and per `torch.get_num_threads()`: one thread and two are different
+    machines to a kernel); `force=True` measures again. On a CPU the bf16 matmul is whatever the machine's
+    kernels make of it: with bf16 dot-product units (AVX512-BF16, AMX) it can beat fp32, without them it is
+    converted and slower. Takes a few seconds on a 2-core CPU.
     """
     dev = _device(device)
-    key, path = _machine_key(dev), _cache_path()
-    cache = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}  # a corrupt cache is just re-measured
-    if key in cache and not force:
-        return Hardware(**cache[key])
+    key = (str(dev), torch.get_num_threads())
+    if key in _MEASURED and not force:
+        return _MEASURED[key]
     torch.manual_seed(0)
     on_gpu = dev.type == "cuda"
-    fp32 = _matmul_flops(8192 if on_gpu else 1024, torch.float32, dev)
-    bf16 = _matmul_flops(8192, torch.bfloat16, dev) if on_gpu else None
+    n = 8192 if on_gpu else 1024
+    fp32 = _matmul_flops(n, torch.float32, dev)
+    bf16 = _matmul_flops(n, torch.bfloat16, dev)
     bw = _copy_bw(GPU_COPY_BYTES if on_gpu else CPU_COPY_BYTES, dev)
     if on_gpu:
         props = torch.cuda.get_device_properties(dev)
         name, mem = f"this machine ({props.name})", float(props.total_memory)
+        what = props.name
     else:
         name, mem = f"this machine ({dev.type})", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        what = f"{_cpu_model()}, {torch.get_num_threads()} threads"
     row = Hardware(name, bf16, fp32, bw, mem, "n/a (measured)", None,
-                   f"measured by nanoserve.perf.measure_ceilings on {key}")
-    best = asdict(row)
-    if key in cache:
-        for field in ("fp32_flops", "bf16_flops", "mem_bw"):
-            seen = cache[key].get(field)
-            if seen is not None and (best[field] is None or seen > best[field]):
-                best[field] = seen
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cache[key] = best
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    tmp.replace(path)
+                   f"measured by nanoserve.perf.measure_ceilings in this process ({what}, torch {torch.__version__})")
+    _MEASURED[key] = row
     return row
+
+
+@dataclass(frozen=True)
+class KernelCeiling:
+    """What one kernel reaches at one shape: its best time, and the FLOP/s and bytes/s that time means."""
+
+    seconds: float        # best of the timed runs
+    flops: float          # FLOPs of one call
+    nbytes: float         # bytes one call must move (the caller's count)
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.nbytes / self.seconds
+
+    def time_for(self, flops: float) -> float:
+        """Seconds this kernel needs for `flops` FLOPs at the rate it reached (for compute-bound predictions)."""
+        return flops / self.flops_per_s
+
+
+def kernel_ceiling(fn: Callable[[], object], *, flops: float, nbytes: float, repeat: int = 5, warmup: int = 1,
+                   device: str | torch.device | None = None) -> KernelCeiling:
+    """The roof of one kernel, here: the best of `repeat` timed calls of `fn()` (after `warmup`), with the FLOPs
+    and bytes of one call, so a lesson can predict from what *this* kernel reaches on *this* machine (an int8
+    weight-only matmul, a bf16 GEMM) rather than from the fp32 peak or from another chip's numbers."""
+    if flops <= 0 and nbytes <= 0:
+        raise ValueError("kernel_ceiling: give the call's flops or nbytes (both are <= 0)")
+    t = timeit(fn, warmup=warmup, repeat=repeat, device=_device(device))
+    return KernelCeiling(t.min_s, float(flops), float(nbytes))
