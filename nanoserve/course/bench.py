@@ -123,7 +123,20 @@ def machine_info() -> dict:
         pass
     return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), python=platform.python_version(),
                 torch=torch.__version__, transformers=transformers.__version__,
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None, commit=_commit())
+
+
+def _commit() -> str | None:
+    """The checkout's commit, so a record says what code it measured (NANOSERVE_COMMIT names a copied tree's)."""
+    if os.environ.get("NANOSERVE_COMMIT"):
+        return os.environ["NANOSERVE_COMMIT"]
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def main(argv=None) -> dict:
