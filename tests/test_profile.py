@@ -296,3 +296,67 @@ def test_activity_types_are_inferred_where_torch_has_no_activity_type():
     prof = perf.profile(work, device="cpu").torch_profiler
     raw = list(prof.profiler.kineto_results.events())
     assert [trace.activity_of(Older(k)) for k in raw] == [k.activity_type() for k in raw]
+
+
+# --- a busy machine ---------------------------------------------------------------------------------
+_SPINNER = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def _starved_job():
+    """A job starved by labelled host work: Python in a data region between a few small matmuls."""
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+
+    def job():
+        for _ in range(8):
+            with perf.region("data"):
+                x = 0
+                for i in range(150_000):   # fixed work, not a fixed time: a busy machine slows it like the ops
+                    x += i
+            for _ in range(2):
+                a @ b
+    return job
+
+
+def _median_busy(job, runs: int = 3) -> float:
+    return sorted(perf.profile(job).busy_fraction for _ in range(runs))[runs // 2]
+
+
+@pytest.mark.slow
+def test_the_busy_fraction_holds_while_another_process_competes_for_the_cores():
+    """The diagnosis of every lab rests on the busy fraction: a second process using every core must not turn a
+    starved job into a busy one. With the compute thread as the only intra-op thread (perf.profile's default on
+    a CPU), the ops and the labelled host work slow down alike."""
+    import subprocess
+    import sys
+
+    job = _starved_job()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))   # the caller's setting: a team of threads, as in most notebooks
+    try:
+        job()
+        quiet = _median_busy(job)
+        spinners = [subprocess.Popen([sys.executable, "-c", _SPINNER]) for _ in range(os.cpu_count() or 2)]
+        try:
+            time.sleep(0.2)
+            loaded = _median_busy(job)
+        finally:
+            for p in spinners:
+                p.kill()
+            for p in spinners:
+                p.wait(timeout=10)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads
+    assert quiet < 0.5 and loaded < 0.5, (quiet, loaded)        # starved, whether the machine is busy or not
+    assert abs(loaded - quiet) < 0.15, (quiet, loaded)
+
+
+def test_profile_runs_the_call_with_one_intra_op_thread_on_a_cpu_and_restores_the_setting():
+    seen = []
+    threads = torch.get_num_threads()
+    prof = perf.profile(lambda: seen.append(torch.get_num_threads()))
+    assert seen == [1] and prof.cpu_threads == 1 and torch.get_num_threads() == threads
+    perf.profile(lambda: seen.append(torch.get_num_threads()), cpu_threads=None)
+    assert seen[-1] == threads
+    with pytest.raises(ValueError, match="cpu_threads"):
+        perf.profile(lambda: None, cpu_threads=0)

@@ -99,6 +99,7 @@ class Profile:
             raise ValueError(f"window {self.window} is empty: it must end after it starts")
         self.compute_lane, self.device, self.result = compute_lane, device, result
         self.torch_profiler = torch_profiler
+        self.cpu_threads: int | None = None   # intra-op threads the profiled call ran with (CPU traces)
         self._sweep()
 
     # --- the sweep: classify every instant of the window ------------------------------------------
@@ -263,8 +264,10 @@ class Profile:
         """A few lines: wall time, busy fraction, breakdown, overlap."""
         from nanoserve.perf.timing import format_seconds
 
-        lines = [f"wall {format_seconds(self.wall_s)}, accelerator busy {self.busy_fraction:.0%} "
-                 f"({'compute thread' if self.device == 'cpu' else 'CUDA streams'})"]
+        who = "CUDA streams" if self.device != "cpu" else (
+            "compute thread" + (f", {self.cpu_threads} intra-op thread{'s' * (self.cpu_threads > 1)}"
+                                if self.cpu_threads else ""))
+        lines = [f"wall {format_seconds(self.wall_s)}, accelerator busy {self.busy_fraction:.0%} ({who})"]
         for cat, s in self.breakdown().items():
             lines.append(f"  {cat:<10} {format_seconds(s):>10}  {s / self.wall_s:6.1%}")
         if self.overlap_fraction is not None:
@@ -331,23 +334,42 @@ class Profile:
         return path
 
 
-def profile(fn: Callable, *args, device: str | torch.device | None = None, **kwargs) -> Profile:
+def profile(fn: Callable, *args, device: str | torch.device | None = None, cpu_threads: int | None = 1,
+            **kwargs) -> Profile:
     """Run `fn(*args, **kwargs)` once under torch.profiler and return its analysis (a `Profile`).
 
     CPU activities are always recorded, CUDA ones when `device` (default `perf.device()`) is a GPU.
     Warm up before profiling: the first call of anything pays one-time costs. The call's return value
     is `prof.result`. Shapes are recorded (for FLOPs and bytes), which costs a few microseconds per op.
+
+    On a CPU the compute thread plays the accelerator, so by default the call runs with ONE intra-op thread
+    (`cpu_threads=1`; restored afterwards; `prof.cpu_threads` says what ran). With a team of threads, another
+    process on the machine stalls the whole team at every barrier whenever it preempts one member: each operator
+    then takes several times longer while labelled host work (one thread) barely slows, and the busy fraction
+    says more about the neighbours than about the job. With one thread both slow alike and the fractions hold.
+    `cpu_threads=None` keeps the caller's setting. Ignored on a GPU.
     """
     from torch.profiler import ProfilerActivity
 
     dev = _device(device)
+    if cpu_threads is not None and (not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool)
+                                    or cpu_threads < 1):
+        raise ValueError(f"cpu_threads must be an int >= 1 or None, got {cpu_threads!r}")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     tid = threading.get_native_id()
+    before = torch.get_num_threads()
+    threads = cpu_threads if dev.type == "cpu" and cpu_threads is not None else before
     sync(dev)
-    with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
-        with torch.profiler.record_function(WINDOW_NAME):
-            result = fn(*args, **kwargs)
-            sync(dev)
+    try:
+        torch.set_num_threads(threads)
+        with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+            with torch.profiler.record_function(WINDOW_NAME):
+                result = fn(*args, **kwargs)
+                sync(dev)
+    finally:
+        torch.set_num_threads(before)
     events, window = events_from_torch(prof, tid)
-    return Profile(events, window, compute_lane=f"thread {tid}", device=dev.type, result=result,
-                   torch_profiler=prof)
+    out = Profile(events, window, compute_lane=f"thread {tid}", device=dev.type, result=result,
+                  torch_profiler=prof)
+    out.cpu_threads = threads if dev.type == "cpu" else None
+    return out
