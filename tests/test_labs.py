@@ -44,7 +44,7 @@ def _run_to_stubs(path: Path) -> tuple[int, list[str]]:
     from lab_grading import stub_problems
     nb = nbformat.read(str(path), as_version=4)
     client = grade.notebook_client(nb, path, timeout=CELL_TIMEOUT_S)
-    with client.setup_kernel():
+    with client.setup_kernel(cleanup_kc=True):   # our kernel manager: nbclient would leave it running
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code":
                 client.execute_cell(cell, index)
@@ -93,6 +93,41 @@ def test_grading_a_notebook_without_checks_fails(tmp_path, capsys):
     nbformat.write(nb, str(path))
     assert grade.main([str(path)]) == 1
     assert "no checks ran" in capsys.readouterr().out
+
+
+def _kernel_children() -> set[int]:
+    """Process ids of the ipykernel processes this test process started and that still run."""
+    import os
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"ipykernel" in cmd:
+            found.add(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_grading_shuts_down_its_kernel(tmp_path, capsys):
+    """A test run grades dozens of notebooks in one process: a kernel left alive keeps everything its notebook
+    allocated (half a GB to several GB each), and the later notebooks run short of memory."""
+    import time
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", id="c0")])
+    path = tmp_path / "one.ipynb"
+    nbformat.write(nb, str(path))
+    before = _kernel_children()
+    grade.main([str(path)])
+    _run_to_stubs(FIXTURE_LAB)
+    capsys.readouterr()
+    deadline = time.monotonic() + 10
+    while _kernel_children() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _kernel_children() - before
 
 
 def test_grading_a_missing_notebook_is_a_usage_error():

@@ -120,7 +120,9 @@ def grade(path: str | Path, timeout: float = 120.0, save: str | Path | None = No
     report = Report(path)
     start = time.perf_counter()
     try:
-        notebook_client(nb, path, timeout).execute()
+        # cleanup_kc: nbclient shuts down only kernels whose manager it made itself, and this one is ours;
+        # without it every graded notebook leaves its kernel (and all it allocated) alive until the process exits.
+        notebook_client(nb, path, timeout).execute(cleanup_kc=True)
         aborted = None
     except Exception as exc:  # the kernel died or could not be interrupted: grade what ran
         aborted = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
