@@ -34,7 +34,7 @@ def test_grading_lab06_wrong_diagnosis_fails(tmp_path, capsys):
     code, out = grade_edited_solution(SOLUTION, [
         ('diagnosis = {"bound": max(measured, key=measured.get), "evidence_s": max(measured.values())}',
          'diagnosis = {"bound": "work", "evidence_s": measured["work"]}'),
-        ('wrong_bound = grading.amdahl(prof_attention.breakdown()["attention"] / prof_attention.wall_s)',
+        ('wrong_bound = grading.amdahl(1 - t_attention["without attention"] / t_attention["step"])',
          'wrong_bound = grading.amdahl(measured["launch"] / t_eager[1])'),
     ], tmp_path, capsys, through="wrong-lever-bound")
     assert code == 1
