@@ -123,10 +123,16 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_prediction(name: str, predicted: object, measured: float, *, rtol: float, unit: str = "s") -> None:
+def check_prediction(name: str, predicted: object, measured: float, *, rtol: float, unit: str = "s",
+                     model: float | None = None, model_rtol: float = 0.1) -> None:
     """A prediction from a model of the system (reads × latency, bytes ÷ bandwidth, ...) against the
     learner's own measurement: PASS when it is within `rtol` (relative) of `measured`.
-    `unit` is printed after both numbers ("s", "ms", "blocks"; "×" for a predicted ratio)."""
+    `unit` is printed after both numbers ("s", "ms", "blocks"; "×" for a predicted ratio).
+
+    `model`: what the lab's model of the system gives from the learner's own earlier measurements (the
+    inputs the prediction was to be made from). When given, the prediction must also be within `model_rtol`
+    of it: where the measured outcome is close to a round guess ("no gain", 1.0), a guess would otherwise
+    pass, and the check could not tell a model from a guess."""
     if not _number(predicted):
         check(name, False, f"the prediction must be a number ({unit}), got {predicted!r}")
         return
@@ -135,6 +141,16 @@ def check_prediction(name: str, predicted: object, measured: float, *, rtol: flo
         return
     sep = "" if unit == "×" else " "
     detail = f"predicted {predicted:.4g}{sep}{unit}, measured {measured:.4g}{sep}{unit}"
+    if model is not None:
+        if not _number(model) or model == 0:
+            check(name, False, f"the model's value is {model!r}: measure its inputs before predicting")
+            return
+        if abs(predicted - model) > model_rtol * abs(model):
+            check(name, False, f"predicted {predicted:.4g}{sep}{unit}, but the model gives {model:.4g}{sep}{unit} "
+                               f"from your measurements (tolerance {model_rtol:.0%}): predict from the model, not a guess")
+            return
+        detail = (f"predicted {predicted:.4g}{sep}{unit} (the model {model:.4g}{sep}{unit}, tolerance {model_rtol:.0%}), "
+                  f"measured {measured:.4g}{sep}{unit}")
     error = abs(predicted - measured) / abs(measured)
     check(name, error <= rtol, f"{detail} (tolerance {rtol:.0%})")
 
