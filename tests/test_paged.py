@@ -94,7 +94,7 @@ def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model
     random.Random(0).shuffle(ids)
     tables = [ids[0:25], ids[25:50], ids[50:75], ids[75:100]]
     prompts = random_prompts([13, 7, 22, 90])
-    groups = []
+    groups, buffers = [], []
     with torch.inference_mode():
         # prefill (one of them in two chunks), then two decode steps, on both caches
         steps = [([0, 1, 2, 3], [0, 0, 0, 0], [9, 7, 22, 90]), ([0], [9], [4]),
@@ -111,6 +111,9 @@ def test_paged_attention_with_scattered_blocks_equals_the_contiguous_cache(model
             groups.append(len(paged.metadata.scratch.get("decode_groups", [])))
             want = model.hidden_states(ids_t, pos_t, flat)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            buffers.append({k: b.data_ptr() for k, b in (paged._workspace or {}).items()})
+    if backend == "torch":   # the gathers of the two decode steps reuse one buffer each for keys and values
+        assert buffers[2] and buffers[3] == buffers[2]
     # the 91-token sequence is not padded onto the short ones (torch); the C kernel needs no groups
     assert groups == ([0, 0, 2, 2] if backend == "torch" else [0, 0, 0, 0])
 

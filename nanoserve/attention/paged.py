@@ -72,6 +72,11 @@ class PagedAttention:
         # chosen once: the reference gathers blocks, the kernels read them in place
         self._decode = self._decode_gathered if ops.name == "torch" else self._decode_in_place
         self._inputs: StepInputs | None = None
+        # Gathered copies of blocks land in a reused buffer on a CPU. Allocated afresh each layer, a copy of tens
+        # of MB goes back to glibc and the next one is carved from wherever it fits: under torch.profiler (whose
+        # records fill the freed gaps) the heap grew by GBs a step, every copy paid fresh page faults, and the
+        # profile blamed the attention for the allocator's work. CUDA's caching allocator already reuses blocks.
+        self._workspace: dict[str, torch.Tensor] | None = {} if cache.k.device.type == "cpu" else None
 
     def prepare(self, block_tables: list[list[int]], starts: list[int], lengths: list[int]) -> None:
         """Describe the next forward from plain lists (for notebooks and tests; the engine builds its
@@ -99,8 +104,8 @@ class PagedAttention:
                 keys, vals = k[first:first + n].transpose(0, 1), v[first:first + n].transpose(0, 1)
             else:
                 blocks = meta.block_tables[s, :-(-(start + n) // meta.block_size)].long()
-                keys = kc.index_select(0, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
-                vals = vc.index_select(0, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
+                keys = self._gather("k", kc, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
+                vals = self._gather("v", vc, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
             if self.ops.name == "triton":
                 o = self.ops.flash_prefill(qs, keys, vals, start, self.scale, self.sliding_window)
             else:
@@ -121,9 +126,20 @@ class PagedAttention:
         _, _, kvh, d = kc.shape
         for g in self._groups(meta):
             G = len(g.tokens)
-            keys = kc.index_select(0, g.blocks.flatten()).view(G, -1, kvh, d).transpose(1, 2)  # [G, kv_heads, ctx, d]
-            vals = vc.index_select(0, g.blocks.flatten()).view(G, -1, kvh, d).transpose(1, 2)
+            keys = self._gather("k", kc, g.blocks.flatten()).view(G, -1, kvh, d).transpose(1, 2)  # [G, kv_heads, ctx, d]
+            vals = self._gather("v", vc, g.blocks.flatten()).view(G, -1, kvh, d).transpose(1, 2)
             out[g.tokens] = decode_attention(q[g.tokens], keys, vals, g.context_lens, self.sliding_window)
+
+    def _gather(self, name: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """cache[blocks] (whole blocks, [n, block_size, kv_heads, d]); on a CPU into a buffer kept between calls,
+        valid until the next gather of the same `name` (the caller is done with it by then)."""
+        if self._workspace is None:
+            return cache.index_select(0, blocks)
+        n, shape = blocks.numel(), cache.shape[1:]
+        buf = self._workspace.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1:] != shape or buf.dtype != cache.dtype:
+            buf = self._workspace[name] = cache.new_empty((max(n, 1), *shape))
+        return torch.index_select(cache, 0, blocks, out=buf[:n])
 
     @staticmethod
     def _groups(meta: AttentionMetadata) -> list[DecodeGroup]:
