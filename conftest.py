@@ -8,6 +8,7 @@ root so that `pytest chapters/X.ipynb` run alone gets it too.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import pytest
@@ -36,6 +37,11 @@ def _is_nbval_cell(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A lab's mistake tests read what conftest replays in nbval's run of its solution (tests/lab_grading.py):
+    # they run after the notebooks.
+    replays = [item for item in items if item.get_closest_marker("replays_solution")]
+    if replays:
+        items[:] = [item for item in items if item not in replays] + replays
     needs_cuda = [item for item in items if item.get_closest_marker("gpu")]
     if needs_cuda:
         import torch
@@ -95,3 +101,51 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.write_line(f"{seconds:8.1f} s  {path}{flag}", red=bool(flag))
     total = sum(_notebook_seconds.values())
     tr.write_line(f"{total:8.1f} s  total, {len(_notebook_seconds)} notebooks, {over} over budget")
+
+
+# --- learners' mistakes replayed in nbval's run of a lab solution (tests/lab_grading.py) ------------------
+_cells_run: dict[str, list[tuple[str, str]]] = defaultdict(list)   # notebook -> (source, printed text) per cell
+_REPLAY_TIMEOUT_S = 300
+
+
+def _printed(outputs) -> str:
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+
+
+def _run_in_kernel(kernel, code: str) -> str:
+    """Execute `code` in nbval's kernel for this notebook; return what it printed (and an error, if one)."""
+    msg_id = kernel.execute_cell_input(code, allow_stdin=False)
+    kernel.await_reply(msg_id, timeout=_REPLAY_TIMEOUT_S)
+    printed = []
+    while True:
+        msg = kernel.get_message(stream="iopub", timeout=_REPLAY_TIMEOUT_S)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "status" and content["execution_state"] == "idle":
+            return "".join(printed)
+        if kind == "stream" and content.get("name") == "stdout":
+            printed.append(content["text"])
+        elif kind == "error":
+            printed.append(f"replay raised {content['ename']}: {content['evalue']}\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    yield
+    if not _is_nbval_cell(item):
+        return
+    import sys
+    lab_grading = sys.modules.get("lab_grading")
+    name = item.path.name
+    if lab_grading is None or name not in lab_grading.MISTAKES or getattr(item.parent, "kernel", None) is None:
+        return
+    _cells_run[name].append((item.cell.source, _printed(getattr(item, "test_outputs", None) or [])))
+    committed = _printed(item.cell.get("outputs", []))
+    for mistake_id, (edits, through) in lab_grading.MISTAKES[name].items():
+        if not re.search(rf"^(PASS|FAIL) {re.escape(through)}(?=[:\s])", committed, re.M):
+            continue
+        before, cells = lab_grading.replay_plan(item.path, edits, through)
+        earlier = "".join(text for source, text in _cells_run[name] if source in before)
+        lab_grading.REPLAYS[(name, mistake_id)] = earlier + _run_in_kernel(item.parent.kernel,
+                                                                            lab_grading.replay_code(cells))

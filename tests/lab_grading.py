@@ -85,3 +85,75 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
     nbformat.write(nb, str(path))
     code = grade.main([str(path)])
     return code, capsys.readouterr().out
+
+
+# --- a learner's mistake, replayed in nbval's run of the solution ----------------------------------------
+# A mistake test used to grade an edited copy of the solution: a second execution of the lab's setup and
+# measurements (half a minute to a minute a lab on 2 cores) only to feed a wrong answer to one check. nbval
+# already executes the solution in this test run, so conftest.py replays each registered mistake in that
+# kernel, right after the cell that prints the check it is about: the edited cells, from the first one edited to
+# that cell, run on a copy of the notebook's namespace (what they rebind is dropped) and the grading results
+# they add are removed again, so the solution's later cells see exactly what they would have. The mistake's
+# checks are judged on the learner's own measurements of this very run. Run alone (no nbval pass of the
+# solution in the session), a mistake test grades an edited copy as before.
+
+MISTAKES: dict[str, dict[str, tuple[list[tuple[str, str]], str]]] = {}   # solution name -> {id: (edits, through)}
+REPLAYS: dict[tuple[str, str], str] = {}   # (solution name, id) -> what the solution's cells and the replay printed
+
+
+def mistake(solution: Path, mistake_id: str, edits: list[tuple[str, str]], through: str) -> str:
+    """Register a learner's mistake in `solution` for conftest.py to replay after the cell printing `through`."""
+    MISTAKES.setdefault(solution.name, {})[mistake_id] = (edits, through)
+    return mistake_id
+
+
+def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> tuple[list[str], list[str]]:
+    """(sources of the code cells before the first edited one, edited sources from it through the cell that
+    prints `through`), from the committed solution."""
+    nb = nbformat.read(str(solution), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    sources = [c.source for c in code]
+    for old, _ in edits:
+        hits = [i for i, s in enumerate(sources) if old in s]
+        assert len(hits) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(hits)}"
+    edited = list(sources)
+    for old, new in edits:
+        i = next(i for i, s in enumerate(edited) if old in s)
+        edited[i] = edited[i].replace(old, new)
+    first = min(i for i, (a, b) in enumerate(zip(sources, edited)) if a != b)
+    printed = [i for i, c in enumerate(code) if any(
+        re.search(rf"^(PASS|FAIL) {re.escape(through)}(?=[:\s])", o.get("text", ""), re.M) for o in c.get("outputs", []))]
+    assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
+    assert first <= printed[0], f"{solution.name}: the edits come after the cell printing {through!r}"
+    return sources[:first], edited[first:printed[0] + 1]
+
+
+def replay_code(cells: list[str]) -> str:
+    """Python for the kernel: run `cells` on a copy of the namespace and forget the grading results they add."""
+    return (
+        "def _nanoserve_replay(cells):\n"
+        "    from nanoserve.course import grading as _grading\n"
+        "    ns, n = dict(get_ipython().user_ns), len(_grading.results)\n"
+        "    try:\n"
+        "        for src in cells:\n"
+        "            exec(compile(get_ipython().transform_cell(src), '<mistake replay>', 'exec'), ns)\n"
+        "    except Exception as exc:\n"
+        "        print(f'replay raised {type(exc).__name__}: {exc}')\n"
+        "    finally:\n"
+        "        del _grading.results[n:]\n"
+        f"_nanoserve_replay({cells!r}); del _nanoserve_replay\n")
+
+
+def graded_mistake(solution: Path, mistake_id: str, tmp_path: Path, capsys) -> tuple[int, str]:
+    """(exit code, report) of the registered mistake: from this session's nbval run of the solution when there
+    was one, else from grading an edited copy (`grade_edited_solution`). The report has the grader's format."""
+    from nanoserve.course.grading import parse_line
+    edits, through = MISTAKES[solution.name][mistake_id]
+    text = REPLAYS.get((solution.name, mistake_id))
+    if text is None:
+        return grade_edited_solution(solution, edits, tmp_path, capsys, through=through)
+    results = [r for r in map(parse_line, text.splitlines()) if r is not None]
+    lines = [f"  {'PASS' if r.passed else 'FAIL':<6} {r.name}  {r.detail}" for r in results]
+    lines += [line for line in text.splitlines() if line.startswith("replay raised")]
+    failed = sum(not r.passed for r in results) or any(line.startswith("replay raised") for line in lines)
+    return (1 if failed or not results else 0), "\n".join(lines)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edited_solution
+from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
@@ -33,14 +33,18 @@ def test_grading_lab03_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 
 
-@pytest.mark.slow
-def test_grading_lab03_wrong_diagnosis_fails(tmp_path, capsys):
-    code, out = grade_edited_solution(SOLUTION, [
+WRONG_DIAGNOSIS = mistake(SOLUTION, "wrong-diagnosis", [
         ('diagnosis = {"bound": "data", "evidence_s": measured["data"], "busy_fraction": prof_slow.busy_fraction}',
          'diagnosis = {"bound": "compute", "evidence_s": measured["compute"], "busy_fraction": prof_slow.busy_fraction}'),
         ('wrong_bound = grading.amdahl(measured["compute"] / prof_slow.wall_s)',
          'wrong_bound = grading.amdahl(measured["data"] / prof_slow.wall_s)'),
-    ], tmp_path, capsys, through="wrong-lever-bound")
+    ], through="wrong-lever-bound")
+
+
+@pytest.mark.slow
+@pytest.mark.replays_solution
+def test_grading_lab03_wrong_diagnosis_fails(tmp_path, capsys):
+    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=compute but the measurement says data dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edited_solution
+from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab05_memory_bound_kernels.ipynb"
@@ -35,14 +35,18 @@ def test_grading_lab05_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 
 
-@pytest.mark.slow
-def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
-    code, out = grade_edited_solution(SOLUTION, [
+WRONG_DIAGNOSIS = mistake(SOLUTION, "wrong-diagnosis", [
         ('diagnosis = {"bound": max(measured, key=measured.get), "evidence_s": max(measured.values())}',
          'diagnosis = {"bound": "matmul", "evidence_s": measured["matmul"]}'),
         ("wrong_bound = grading.amdahl(a / sweep[CONTEXT])",
          'wrong_bound = 1 / (1 - measured["matmul"] / sum(measured.values()))'),
-    ], tmp_path, capsys, through="wrong-lever-bound")
+    ], through="wrong-lever-bound")
+
+
+@pytest.mark.slow
+@pytest.mark.replays_solution
+def test_grading_lab05_wrong_diagnosis_fails(tmp_path, capsys):
+    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=matmul but the measurement says kv-read dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out

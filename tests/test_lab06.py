@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_unsolved_fails, grade_edited_solution
+from lab_grading import assert_unsolved_fails, graded_mistake, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab06_launch_overhead.ipynb"
@@ -29,14 +29,18 @@ def test_grading_lab06_unsolved_fails(tmp_path, capsys):
                                          "same-outputs", "no-recompiles", "right-beats-wrong", "speedup"))
 
 
-@pytest.mark.slow
-def test_grading_lab06_wrong_diagnosis_fails(tmp_path, capsys):
-    code, out = grade_edited_solution(SOLUTION, [
+WRONG_DIAGNOSIS = mistake(SOLUTION, "wrong-diagnosis", [
         ('diagnosis = {"bound": max(measured, key=measured.get), "evidence_s": max(measured.values())}',
          'diagnosis = {"bound": "work", "evidence_s": measured["work"]}'),
         ('wrong_bound = grading.amdahl(1 - t_attention["without attention"] / t_attention["step"])',
          'wrong_bound = grading.amdahl(measured["launch"] / t_eager[1])'),
-    ], tmp_path, capsys, through="wrong-lever-bound")
+    ], through="wrong-lever-bound")
+
+
+@pytest.mark.slow
+@pytest.mark.replays_solution
+def test_grading_lab06_wrong_diagnosis_fails(tmp_path, capsys):
+    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=work but the measurement says launch dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, grade_edited_solution
+from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
 from nanoserve.course import grading, lab07
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,14 +41,18 @@ def test_grading_lab07_solution_passes():
     assert_solution_passes(SOLUTION, CHECKS)
 
 
-@pytest.mark.slow
-def test_grading_lab07_quantize_everything_fails(tmp_path, capsys):
-    code, out = grade_edited_solution(SOLUTION, [
+QUANTIZE_EVERYTHING = mistake(SOLUTION, "quantize-everything", [
         ('diagnosis_scoring = {"bound": max(roofline_scoring, key=roofline_scoring.get),\n'
          '                     "evidence_s": max(roofline_scoring.values())}',
          'diagnosis_scoring = {"bound": "memory", "evidence_s": roofline_scoring["memory"]}'),
         (SCORING_SOLUTION, "predicted_scoring = bytes_ratio"),
-    ], tmp_path, capsys, through="prediction-scoring")
+    ], through="prediction-scoring")
+
+
+@pytest.mark.slow
+@pytest.mark.replays_solution
+def test_grading_lab07_quantize_everything_fails(tmp_path, capsys):
+    code, out = graded_mistake(SOLUTION, QUANTIZE_EVERYTHING, tmp_path, capsys)
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis-scoring\s+bound=memory but the measurement says compute dominates", out), out
     assert re.search(r"FAIL\s+prediction-scoring\s", out), out

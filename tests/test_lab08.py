@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_unsolved_fails, grade_edited_solution
+from lab_grading import assert_unsolved_fails, graded_mistake, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab08_communication.ipynb"
@@ -28,14 +28,18 @@ def test_grading_lab08_unsolved_fails(tmp_path, capsys):
                                          "right-beats-wrong", "speedup", "same-outputs", "comm-share-down"))
 
 
-@pytest.mark.slow
-def test_grading_lab08_wrong_diagnosis_fails(tmp_path, capsys):
-    code, out = grade_edited_solution(SOLUTION, [
+WRONG_DIAGNOSIS = mistake(SOLUTION, "wrong-diagnosis", [
         ('diagnosis = {"bound": max(per_step[0], key=per_step[0].get), "evidence_s": max(per_step[0].values())}',
          'diagnosis = {"bound": "compute", "evidence_s": per_step[0]["compute"]}'),
         ('wrong_bound = grading.amdahl(per_step[0]["compute"] / sum(per_step[0].values()))',
          'wrong_bound = grading.amdahl(per_step[0]["comm"] / sum(per_step[0].values()))'),
-    ], tmp_path, capsys, through="wrong-lever-bound")
+    ], through="wrong-lever-bound")
+
+
+@pytest.mark.slow
+@pytest.mark.replays_solution
+def test_grading_lab08_wrong_diagnosis_fails(tmp_path, capsys):
+    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
     assert code == 1
     assert re.search(r"FAIL\s+diagnosis\s+bound=compute but the measurement says comm dominates", out), out
     assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
