@@ -133,7 +133,7 @@ class PagedAttention:
     def _gather(self, name: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         """cache[blocks] (whole blocks, [n, block_size, kv_heads, d]); on a CPU into a buffer kept between calls,
         valid until the next gather of the same `name` (the caller is done with it by then)."""
-        if self._workspace is None:
+        if self._workspace is None or torch.compiler.is_compiling():   # a compiled graph plans its own buffers
             return cache.index_select(0, blocks)
         n, shape = blocks.numel(), cache.shape[1:]
         buf = self._workspace.get(name)
