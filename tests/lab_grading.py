@@ -12,6 +12,11 @@ from nanoserve.course import grade
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def prints_check(text: str, name: str) -> bool:
+    """Whether `text` (a cell's printed output) has the PASS or FAIL line of check `name`."""
+    return re.search(rf"^(PASS|FAIL) {re.escape(name)}(?=[:\s])", text, re.M) is not None
+
+
 def stub_problems(nb) -> tuple[int, list[str]]:
     """(TODO cells, problems) of an executed lab: the cells before the first TODO must have run cleanly,
     and every TODO cell must stop at its stub's NotImplementedError("TODO: ..."). Cells after the first
@@ -78,7 +83,7 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
         cells[0].source = cells[0].source.replace(old, new)
     if through is not None:
         printed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
-            re.search(rf"^(PASS|FAIL) {re.escape(through)}(?=[:\s])", o.get("text", ""), re.M) for o in c.get("outputs", []))]
+            prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
         assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
         nb.cells = nb.cells[:printed[0] + 1]
     path = tmp_path / solution.name
@@ -122,7 +127,7 @@ def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> t
         edited[i] = edited[i].replace(old, new)
     first = min(i for i, (a, b) in enumerate(zip(sources, edited)) if a != b)
     printed = [i for i, c in enumerate(code) if any(
-        re.search(rf"^(PASS|FAIL) {re.escape(through)}(?=[:\s])", o.get("text", ""), re.M) for o in c.get("outputs", []))]
+        prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
     assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
     assert first <= printed[0], f"{solution.name}: the edits come after the cell printing {through!r}"
     return sources[:first], edited[first:printed[0] + 1]
