@@ -284,3 +284,33 @@ def test_prediction_bound_and_beats_checks(capsys, call, passed, says):
     out = capsys.readouterr().out
     assert grading.results[-1].passed is passed, out
     assert says in out and out.count("\n") == 1, out
+
+
+def test_a_measuring_cell_stops_at_once_on_an_unwritten_answer():
+    namespace = {"grading": grading, "predicted": 1.5}
+    exec("grading.answered('predicted')", namespace)   # written: the cell goes on to measure
+    with pytest.raises(NameError, match=r"wrong_bound not defined yet: write it in the TODO cell above first"):
+        exec("grading.answered('predicted', 'wrong_bound')", namespace)
+
+
+def test_a_mistake_replays_only_the_cells_its_edits_can_change(tmp_path):
+    from lab_grading import replay_plan
+    cells = ["x = measure()",                      # before the edit: kept
+             "answer = 2 * x",                     # edited
+             "t = slow_measurement()",            # reads nothing the edit binds: kept, not measured again
+             "ratio = answer / t",                 # reads the edited answer: runs again
+             "report = ratio + t",                 # reads what the cell before bound again: runs again
+             "grading.check('c', ratio > 1)"]      # the check: reads ratio, runs again
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="PASS c: fine\n")]
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nb, str(path))
+    kept, run = replay_plan(path, [("2 * x", "3 * x")], through="c")
+    assert kept == ["x = measure()", "t = slow_measurement()"]
+    assert run == ["answer = 3 * x", "ratio = answer / t", "report = ratio + t", "grading.check('c', ratio > 1)"]
+    # a magic hides what it binds: every cell after it runs again
+    nb.cells[2].source = "%time t = slow_measurement()"
+    nb.cells[1].source = "%time answer = 2 * x"
+    nbformat.write(nb, str(path))
+    kept, run = replay_plan(path, [("2 * x", "3 * x")], through="c")
+    assert kept == ["x = measure()"] and len(run) == 5

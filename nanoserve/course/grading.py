@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -107,6 +108,19 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
             return
         busy = ", busy fraction as measured"   # no bare number: PASS lines must compare across machines
     check(name, True, f"bound={bound}, evidence {evidence:.4f} s{busy} ({table})")
+
+
+def answered(*names: str) -> None:
+    """Stop a measuring cell before it measures when an answer it checks is not written yet.
+
+    A lever's measurement takes seconds to a minute and ends in a check against the learner's answer (a bound,
+    a prediction): the cell's first line names those answers, so an unanswered TODO costs a clear error at
+    once, not a measurement and then a NameError. Looks the names up in the caller's globals (the notebook)."""
+    defined = sys._getframe(1).f_globals
+    missing = [name for name in names if name not in defined]
+    if missing:
+        raise NameError(f"{', '.join(missing)} not defined yet: write it in the TODO cell above first. "
+                        f"This cell measures the lever and checks it against your answer.")
 
 
 def amdahl(fraction: float, speedup: float = math.inf) -> float:
