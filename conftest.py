@@ -8,6 +8,7 @@ root so that `pytest chapters/X.ipynb` run alone gets it too.
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import pytest
@@ -79,6 +80,7 @@ def _nbval_version() -> str:
 # Each nbval cell is one test; the kernel starts in the first cell's setup and stops in the last
 # cell's teardown, so summing every phase of every cell gives the notebook's full run time.
 _notebook_seconds: dict[str, float] = defaultdict(float)
+_replay_seconds: dict[str, float] = defaultdict(float)   # mistake replays inside a notebook's cells: not its own time
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -94,12 +96,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr.write_sep("=", "notebook run times (all cells, kernel start included)")
     over = 0
     for path, seconds in sorted(_notebook_seconds.items(), key=lambda kv: -kv[1]):
+        seconds -= _replay_seconds.get(path, 0.0)
         flag = ""
         if seconds > NOTEBOOK_BUDGET_S:
             flag, over = f"  OVER the {NOTEBOOK_BUDGET_S:.0f} s budget", over + 1
         tr.write_line(f"{seconds:8.1f} s  {path}{flag}", red=bool(flag))
-    total = sum(_notebook_seconds.values())
+    total = sum(_notebook_seconds.values()) - sum(_replay_seconds.values())
     tr.write_line(f"{total:8.1f} s  total, {len(_notebook_seconds)} notebooks, {over} over budget")
+    for path, seconds in sorted(_replay_seconds.items()):
+        tr.write_line(f"{seconds:8.1f} s  of learners' mistakes replayed in {path}'s kernel (not counted above)")
 
 
 # --- learners' mistakes replayed in nbval's run of a lab solution (tests/lab_grading.py) ------------------
@@ -144,7 +149,9 @@ def pytest_runtest_call(item: pytest.Item):
     for mistake_id, (edits, through) in lab_grading.MISTAKES[name].items():
         if not lab_grading.prints_check(committed, through):
             continue
-        before, cells = lab_grading.replay_plan(item.path, edits, through)
-        earlier = "".join(text for source, text in _cells_run[name] if source in before)
+        kept, cells = lab_grading.replay_plan(item.path, edits, through)
+        earlier = "".join(text for source, text in _cells_run[name] if source in kept)
+        start = time.perf_counter()
         lab_grading.REPLAYS[(name, mistake_id)] = earlier + _run_in_kernel(item.parent.kernel,
                                                                             lab_grading.replay_code(cells))
+        _replay_seconds[item.nodeid.split("::", 1)[0]] += time.perf_counter() - start

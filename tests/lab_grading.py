@@ -1,6 +1,7 @@
 """Shared by the lab grader tests: a lab as generated must fail, its solution must pass every check."""
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 from pathlib import Path
@@ -96,8 +97,8 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
 # A mistake test used to grade an edited copy of the solution: a second execution of the lab's setup and
 # measurements (half a minute to a minute a lab on 2 cores) only to feed a wrong answer to one check. nbval
 # already executes the solution in this test run, so conftest.py replays each registered mistake in that
-# kernel, right after the cell that prints the check it is about: the edited cells, from the first one edited to
-# that cell, run on a copy of the notebook's namespace (what they rebind is dropped) and the grading results
+# kernel, right after the cell that prints the check it is about: the cells from the first one edited to that
+# cell that the edits can change (`replay_plan`), run on a copy of the notebook's namespace (what they rebind is dropped) and the grading results
 # they add are removed again, so the solution's later cells see exactly what they would have. The mistake's
 # checks are judged on the learner's own measurements of this very run. Run alone (no nbval pass of the
 # solution in the session), a mistake test grades an edited copy as before.
@@ -112,9 +113,38 @@ def mistake(solution: Path, mistake_id: str, edits: list[tuple[str, str]], throu
     return mistake_id
 
 
+def _names(source: str) -> tuple[set[str], set[str]] | None:
+    """(names a cell reads, names it binds or assigns into), or None when it is not plain Python (a magic).
+    Reads include those inside its functions and lambdas; binds include `x[...] = ` and `x.attr = ` targets."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    reads, binds = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (reads if isinstance(node.ctx, ast.Load) else binds).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            binds.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            base = node.value
+            while isinstance(base, (ast.Subscript, ast.Attribute)):
+                base = base.value
+            if isinstance(base, ast.Name):
+                binds.add(base.id)
+    return reads, binds
+
+
 def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> tuple[list[str], list[str]]:
-    """(sources of the code cells before the first edited one, edited sources from it through the cell that
-    prints `through`), from the committed solution."""
+    """(sources of the solution's cells whose printed checks the mistake keeps, sources to run for it).
+
+    From the first edited cell through the cell that prints `through`, a cell runs again if it is edited or reads
+    a name that a cell run again before it binds; any other cell would compute what it did in the solution's run
+    (a measurement, seconds to a minute), so its results stay in the namespace and its printed checks are kept.
+    The rule sees names, not objects: an edit that mutates an object through a call, not an assignment, must not
+    be left for a later unedited cell to see (the labs' mistakes assign their answers)."""
     nb = nbformat.read(str(solution), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     sources = [c.source for c in code]
@@ -130,7 +160,18 @@ def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> t
         prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
     assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
     assert first <= printed[0], f"{solution.name}: the edits come after the cell printing {through!r}"
-    return sources[:first], edited[first:printed[0] + 1]
+    kept, run, rebound, opaque = list(sources[:first]), [], set(), False
+    for original, source in zip(sources[first:printed[0] + 1], edited[first:printed[0] + 1]):
+        names = _names(source)
+        if source != original or opaque or names is None or names[0] & rebound:
+            run.append(source)
+            if names is None:
+                opaque = True   # what a magic binds is unknown: every later cell runs again
+            else:
+                rebound |= names[1]
+        else:
+            kept.append(original)
+    return kept, run
 
 
 def replay_code(cells: list[str]) -> str:
