@@ -2,7 +2,8 @@
 
 Each exercise notebook runs twice here, in the grader (`nanoserve.course.grade`): the solution, and the
 learner's copy as `tools/make_labs.py` writes it. nbval does not run them (conftest.py): their outputs are
-the check lines this test reads.
+the check lines this test reads. The twenty runs are graded two at a time (`graded`): their checks are
+about correctness, not speed, and most of a run is one busy thread (starting a kernel, importing torch).
 """
 from pathlib import Path
 
@@ -43,17 +44,25 @@ def test_check_reports_a_todo_and_an_error_as_failures(capsys):
     assert out[2] == "PASS right: matches the reference (max |diff| 0.0e+00)"
 
 
+@pytest.fixture(scope="module")
+def graded():
+    """The grader's report on every exercise's solution and learner's copy, two notebooks at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+    paths = [path for s in EXERCISES for path in (s, ROOT / "labs" / s.name)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(paths, pool.map(grade.grade, paths)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("solution", EXERCISES, ids=lambda p: p.stem)
-def test_the_solution_passes_every_check_and_the_learners_copy_fails_every_one(solution, tmp_path):
-    import time
-    t = time.perf_counter()
-    solved = grade.grade(solution)
-    elapsed = time.perf_counter() - t
+def test_the_solution_passes_every_check_and_the_learners_copy_fails_every_one(solution, graded):
+    solved = graded[solution]
     names = [c.name for c in solved.checks]
     assert len(names) >= 2, f"{solution.name}: {len(names)} checks"
     assert all(c.passed for c in solved.checks), [c.line() for c in solved.checks if not c.passed]
-    assert elapsed < BUDGET_S, f"{solution.name} took {elapsed:.0f} s (budget {BUDGET_S:.0f} s on 2 cores)"
-    learner = grade.grade(ROOT / "labs" / solution.name)
+    # graded beside another notebook: the budget is twice a notebook's alone
+    assert solved.seconds < 2 * BUDGET_S, f"{solution.name} took {solved.seconds:.0f} s (budget {2 * BUDGET_S:.0f} s " \
+                                           f"on 2 cores, beside another notebook)"
+    learner = graded[ROOT / "labs" / solution.name]
     assert [c.name for c in learner.checks] == names, "the learner's copy must run every check"
     assert not any(c.passed for c in learner.checks), [c.line() for c in learner.checks if c.passed]
