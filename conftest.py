@@ -95,13 +95,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr = terminalreporter
     tr.write_sep("=", "notebook run times (all cells, kernel start included)")
     over = 0
-    for path, seconds in sorted(_notebook_seconds.items(), key=lambda kv: -kv[1]):
-        seconds -= _replay_seconds.get(path, 0.0)
+    own = {path: seconds - _replay_seconds.get(path, 0.0) for path, seconds in _notebook_seconds.items()}
+    for path, seconds in sorted(own.items(), key=lambda kv: -kv[1]):
         flag = ""
         if seconds > NOTEBOOK_BUDGET_S:
             flag, over = f"  OVER the {NOTEBOOK_BUDGET_S:.0f} s budget", over + 1
         tr.write_line(f"{seconds:8.1f} s  {path}{flag}", red=bool(flag))
-    total = sum(_notebook_seconds.values()) - sum(_replay_seconds.values())
+    total = sum(own.values())
     tr.write_line(f"{total:8.1f} s  total, {len(_notebook_seconds)} notebooks, {over} over budget")
     for path, seconds in sorted(_replay_seconds.items()):
         tr.write_line(f"{seconds:8.1f} s  of learners' mistakes replayed in {path}'s kernel (not counted above)")
