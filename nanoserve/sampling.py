@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanoserve.validation import FieldError, check_int, is_int, is_number
+
 
 @dataclass
 class SamplingParams:
@@ -26,21 +28,19 @@ class SamplingParams:
 
     def __post_init__(self):
         def bad(name, value, expected):
-            raise ValueError(f"SamplingParams.{name} = {value!r}: expected {expected}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise FieldError(name, value, expected, owner="SamplingParams.")
+        if not is_number(self.temperature) or not self.temperature >= 0:
             bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "a number in (0, 1]")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             bad("top_k", self.top_k, "-1 or 0 (disabled) or a positive int")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad("max_tokens", self.max_tokens, "an int >= 1")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not -2**63 <= self.seed < 2**64):   # what torch.Generator takes
+        check_int("max_tokens", self.max_tokens, owner="SamplingParams.")
+        if self.seed is not None and (not is_int(self.seed) or not -2**63 <= self.seed < 2**64):   # torch.Generator
             bad("seed", self.seed, "an int in [-2**63, 2**64) or None")
         if self.stop_token_ids is not None:
             ids = list(self.stop_token_ids)
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            if not all(is_int(t) and t >= 0 for t in ids):
                 bad("stop_token_ids", self.stop_token_ids, "a list of non-negative ints")
             self.stop_token_ids = ids
         if self.stop is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoserve.models.config import ModelConfig
+from nanoserve.validation import check_int
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,7 @@ class ShardPlan:
 
 def check_tensor_parallel_size(cfg: ModelConfig, n, device: torch.device) -> int:
     """A ValueError, before any process starts, for a size this model or machine cannot run."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"tensor_parallel_size = {n!r}: expected an int >= 1")
+    check_int("tensor_parallel_size", n)
     heads, kv, width = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
     if heads % n:
         raise ValueError(f"tensor_parallel_size = {n} does not divide the model's {heads} attention heads")

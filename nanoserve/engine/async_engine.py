@@ -23,6 +23,7 @@ import threading
 from collections.abc import AsyncIterator
 
 from nanoserve.outputs import RequestOutput
+from nanoserve.validation import check_int
 
 _IDLE_WAIT_S = 0.05   # how long the idle loop blocks on the command queue before checking for shutdown
 
@@ -35,8 +36,7 @@ class AsyncLLMEngine:
     def __init__(self, engine, max_queued_requests: int | None = None, max_queued_prompt_tokens: int | None = None):
         for name, bound in (("max_queued_requests", max_queued_requests),
                             ("max_queued_prompt_tokens", max_queued_prompt_tokens)):
-            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
-                raise ValueError(f"{name} = {bound!r}: expected an int >= 0 or None")
+            check_int(name, bound, minimum=0, none_ok=True)
         self.engine, self.max_queued_requests = engine, max_queued_requests
         self.max_queued_prompt_tokens = max_queued_prompt_tokens
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -20,6 +20,7 @@ from nanoserve.models import CausalLM
 from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.sampling import SamplingParams
 from nanoserve.tokenizer import Tokenizer
+from nanoserve.validation import check_int, is_int
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,7 @@ class EngineConfig:
     @staticmethod
     def check_positive(**values) -> None:
         for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} = {value!r}: expected an int >= 1")
+            check_int(name, value)
 
 
 class LLMEngine:
@@ -86,7 +86,7 @@ class LLMEngine:
         else:
             ids = list(prompt)
             vocab = self.model.config.vocab_size
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+            bad = [t for t in ids if not is_int(t) or not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:3]!r}")
         if not ids:

@@ -30,6 +30,7 @@ import torch
 
 from nanoserve.perf.device import device as _device, sync
 from nanoserve.perf.trace import REGION_PREFIX, WINDOW_NAME, Event, events_from_torch
+from nanoserve.validation import check_int
 
 DEVICE_CATEGORIES = ("compute", "comm", "memcpy")   # in the order that wins where they overlap
 
@@ -352,9 +353,7 @@ def profile(fn: Callable, *args, device: str | torch.device | None = None, cpu_t
     from torch.profiler import ProfilerActivity
 
     dev = _device(device)
-    if cpu_threads is not None and (not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool)
-                                    or cpu_threads < 1):
-        raise ValueError(f"cpu_threads must be an int >= 1 or None, got {cpu_threads!r}")
+    check_int("cpu_threads", cpu_threads, none_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     tid = threading.get_native_id()
     before = torch.get_num_threads()

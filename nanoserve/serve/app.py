@@ -30,6 +30,7 @@ from nanoserve.engine.async_engine import QueueFull
 from nanoserve.serve import protocol
 from nanoserve.serve.metrics import CONTENT_TYPE, ServerMetrics
 from nanoserve.serve.protocol import APIError
+from nanoserve.validation import is_int
 
 log = logging.getLogger("nanoserve.serve")
 RETRY_AFTER_S = 1   # what a 429 tells the client to wait: about one batch's worth of decode steps here
@@ -139,7 +140,7 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         body = protocol.parse_json(await request.body())
         protocol.check_model(body, served_model_name)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
             raise protocol.bad("tokens", "expected a list of token ids")
         server.tokenize(tokens, "tokens") if tokens else None
         return {"prompt": tokenizer.decode(tokens)}

@@ -27,6 +27,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, TextIteratorStreamer
 
+from nanoserve.validation import FieldError, check_int, check_number
+
 
 def error(status: int, message: str, param: str | None = None) -> JSONResponse:
     """OpenAI's error body."""
@@ -121,10 +123,11 @@ def build_app(model_dir: str, served_model_name: str) -> FastAPI:
         temperature = body.get("temperature", 1.0)
         if not isinstance(prompt, str):
             return error(400, "prompt must be a string", "prompt")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            return error(400, f"max_tokens = {max_tokens!r}: expected an int >= 1", "max_tokens")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            return error(400, f"temperature = {temperature!r}: expected a number >= 0", "temperature")
+        try:
+            check_int("max_tokens", max_tokens)
+            check_number("temperature", temperature, minimum=0)
+        except FieldError as e:
+            return error(400, str(e), e.field)
         ids = tok(prompt).input_ids
         if not ids or len(ids) + max_tokens > max_len:
             return error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens} must be between 1 and the "

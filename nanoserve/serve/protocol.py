@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 from nanoserve.sampling import SamplingParams
+from nanoserve.validation import FieldError, is_int
 
 
 class APIError(Exception):
@@ -123,10 +124,9 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[S
                   ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None)
     try:
         params = SamplingParams(**kwargs)
-    except ValueError as e:               # "SamplingParams.top_p = 2: expected a number in (0, 1]"
-        name = str(e).split(" ", 1)[0].removeprefix("SamplingParams.")
-        raise bad(max_tokens_field if name == "max_tokens" else name, str(e).split(": ", 1)[-1]
-                  + f" (got {json.dumps(kwargs.get(name))[:40]})") from None
+    except FieldError as e:               # the field it names, and what it expects
+        raise bad(max_tokens_field if e.field == "max_tokens" else e.field,
+                  f"expected {e.expected} (got {json.dumps(kwargs.get(e.field))[:40]})") from None
     return params, stream, include_usage
 
 
@@ -138,7 +138,7 @@ def completion_request(body: dict, served: str) -> ParsedRequest:
     if isinstance(prompt, str):
         if not prompt:
             raise bad("prompt", "is empty")
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         pass
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise bad("prompt", f"a batch of {len(prompt)} prompts is not supported: send one request per prompt")

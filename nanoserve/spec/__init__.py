@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from nanoserve.spec.decoder import SpeculativeDecoder
 from nanoserve.spec.proposers import DraftModelProposer, NgramProposer
 from nanoserve.spec.verify import probs, verify
+from nanoserve.validation import check_int
 
 METHODS = ("ngram", "draft_model")
 
@@ -46,9 +47,7 @@ class SpeculativeConfig:
         out = cls(method, config.get("num_speculative_tokens"), config.get("model"),
                   config.get("prompt_lookup_min", 1), config.get("prompt_lookup_max", 4))
         for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
-            value = getattr(out, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"speculative_config['{key}'] = {value!r}: expected an int >= 1")
+            check_int(f"speculative_config['{key}']", getattr(out, key))
         if out.prompt_lookup_min > out.prompt_lookup_max:
             raise ValueError(f"speculative_config: prompt_lookup_min ({out.prompt_lookup_min}) > prompt_lookup_max "
                              f"({out.prompt_lookup_max})")
