@@ -13,7 +13,7 @@ from nanoserve.engine import EngineConfig, LLMEngine
 from nanoserve.engine.model_runner import profile_activation_peak
 from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.attention import PagedKVCache
-from nanoserve.perf import device as resolve_device
+from nanoserve.device import device as resolve_device
 from nanoserve.sampling import SamplingParams
 
 

@@ -17,16 +17,23 @@ import torch
 
 from nanoserve import perf
 from nanoserve.distributed.group import TensorParallelError, timeout_s
+from nanoserve.distributed.worker import WorkerTask
 
 
 @dataclass
-class StartProfile:
-    pass
+class StartProfile(WorkerTask):
+    """Rank 0 began its profile: the worker opens its own."""
+
+    def run(self, worker) -> None:
+        _rank_profiler.start()
 
 
 @dataclass
-class StopProfile:
-    pass
+class StopProfile(WorkerTask):
+    """Rank 0's call ended: the worker closes its profile and sends back its summary."""
+
+    def run(self, worker) -> dict:
+        return _rank_profiler.stop(worker.rank)
 
 
 def summarize(rank: int, prof) -> dict:
@@ -57,6 +64,9 @@ class RankProfiler:
         events, window = events_from_torch(self.session, self.tid)
         self.session = None
         return summarize(rank, Profile(events, window, compute_lane=f"thread {self.tid}", device="cpu"))
+
+
+_rank_profiler = RankProfiler()   # in a worker process, the one profiler its StartProfile and StopProfile share
 
 
 def profile_ranks(llm, fn, *args, **kwargs) -> tuple[list[dict], object]:

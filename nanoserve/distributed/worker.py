@@ -39,6 +39,15 @@ class ProfilePeak:
     num_sampled: int
 
 
+class WorkerTask:
+    """A message that runs itself on every worker: the seam through which tooling (chapter 08's per-rank
+    profiler, `distributed.profiling`) reaches the ranks without this module importing it. Unpickling the
+    message loads its module in the worker. `run` returns what to send back to rank 0, or None."""
+
+    def run(self, worker: "Worker") -> object | None:
+        raise NotImplementedError
+
+
 class TensorParallelRunner(ModelRunner):
     def __init__(self, model, num_kv_blocks: int, block_size: int, seed: int, group: Group,
                  kernel_backend: str | None = None):
@@ -67,8 +76,6 @@ class Worker:
 
     def serve(self, receive, reply=None):
         """Run messages from `receive()` until a Stop; returns its payload. `reply(obj)` answers rank 0."""
-        from nanoserve.distributed.profiling import RankProfiler, StartProfile, StopProfile
-        profiler = RankProfiler()
         while True:
             msg = receive()
             if isinstance(msg, StepPlan):
@@ -77,10 +84,10 @@ class Worker:
                 self.runner = ModelRunner(self.model, msg.num_kv_blocks, msg.block_size, msg.seed, msg.kernel_backend)
             elif isinstance(msg, ProfilePeak):
                 profile_activation_peak(self.model, msg.num_tokens, msg.num_sampled)
-            elif isinstance(msg, StartProfile):
-                profiler.start()
-            elif isinstance(msg, StopProfile):
-                reply(profiler.stop(self.rank))
+            elif isinstance(msg, WorkerTask):
+                answer = msg.run(self)
+                if answer is not None:
+                    reply(answer)
             elif isinstance(msg, Stop):
                 return msg.payload
             else:

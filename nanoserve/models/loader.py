@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from nanoserve.models.config import ModelConfig
 from nanoserve.models.decoder import CausalLM
-from nanoserve.perf import device as resolve_device
+from nanoserve.device import device as resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # tensors some checkpoints carry that the model recomputes (old Llama exports saved rotary tables)

@@ -19,7 +19,7 @@ from nanoserve.models.config import ModelConfig
 from nanoserve.models.decoder import CausalLM
 from nanoserve.models.loader import install_weights, resolve_dtype
 from nanoserve.models.shipped import config_path, real_shape_configs
-from nanoserve.perf import device as resolve_device
+from nanoserve.device import device as resolve_device
 
 INIT_STD = 0.02   # transformers' default initializer_range: keeps activations in a realistic range
 

@@ -1,13 +1,13 @@
-"""Measuring: device choice, timing, peak memory, hardware ceilings, the roofline, the profiler, collectives.
+"""Measuring: timing, peak memory, hardware ceilings, the roofline, the profiler, collectives; and, for the
+course's notebooks, `device` and `sync` (they live in `nanoserve.device`, which the engine imports instead).
 
-The engine needs only `device` and `sync`, so only they load with `import nanoserve`; every other name
-here loads its module on first use (PEP 562).
+Every other name here loads its module on first use (PEP 562).
 """
 import importlib
 import sys
 import types
 
-from nanoserve.perf.device import device, sync
+from nanoserve.device import device, sync
 
 _LAZY = {   # name -> the module of nanoserve.perf that defines it
     "AlphaBeta": "comm", "CollectiveSweep": "comm", "bus_bandwidth": "comm", "collective_time": "comm",

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from nanoserve.perf.device import sync
+from nanoserve.device import sync
 
 
 class DecodeTimer:

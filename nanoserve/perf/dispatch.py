@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from nanoserve.perf.device import device as default_device
+from nanoserve.device import device as default_device
 from nanoserve.perf.timing import timeit
 
 

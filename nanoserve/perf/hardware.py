@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.perf.device import device as _device
+from nanoserve.device import device as _device
 from nanoserve.perf.timing import timeit
 
 T, G = 1e12, 1e9

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from nanoserve.perf.device import device as _device, sync
+from nanoserve.device import device as _device, sync
 
 TIME_BIN = "/usr/bin/time"  # GNU time; `time` in a shell is a builtin without -v
 

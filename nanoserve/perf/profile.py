@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from nanoserve.perf.device import device as _device, sync
+from nanoserve.device import device as _device, sync
 from nanoserve.perf.trace import REGION_PREFIX, WINDOW_NAME, Event, events_from_torch
 from nanoserve.validation import check_int
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from nanoserve.perf.device import device as _device, sync
+from nanoserve.device import device as _device, sync
 
 
 def format_seconds(s: float) -> str:
