@@ -149,3 +149,28 @@ def test_the_queued_prompt_tokens_are_bounded(llm):
     refused = [r for r in results if isinstance(r, QueueFull)]
     assert refused and "max_queued_prompt_tokens = 40" in str(refused[0])
     assert all(r[-1].finished for r in results if isinstance(r, list))
+
+
+class _EngineSurface:
+    """Only the engine's public surface (metrics, add_request, step, abort, has_unfinished, running_request_ids),
+    forwarded to a real engine: the front must not need its scheduler or block manager."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        if name not in {"metrics", "add_request", "step", "abort", "has_unfinished", "running_request_ids"}:
+            raise AttributeError(f"the async front reached past the engine's public surface: {name}")
+        return getattr(self._engine, name)
+
+
+def test_the_front_reads_only_the_engines_public_surface(llm, offline):
+    front = AsyncLLMEngine(_EngineSurface(llm.engine), max_queued_requests=8)
+    try:
+        async def all_prompts():
+            return await asyncio.gather(*(collect(front, f"s{i}", p) for i, p in enumerate(PROMPTS)))
+        outs = run(all_prompts())
+        assert [o[-1].outputs[0].token_ids for o in outs] == offline
+        assert front.num_waiting() == 0 and front.snapshot["num_running"] == 0
+    finally:
+        front.shutdown()

@@ -41,7 +41,7 @@ class AsyncLLMEngine:
         self.max_queued_prompt_tokens = max_queued_prompt_tokens
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # loop thread only
-        self._submitted = 0            # adds sent but not yet taken by the loop thread (event-loop side)
+        self._submitted = 0            # adds sent and not yet in a published snapshot (event-loop side)
         self._submitted_tokens = 0     # their prompt tokens, when known
         self.snapshot = self._take_snapshot()   # the engine's state, published by the loop thread (read anywhere)
         self._lock = threading.Lock()
@@ -55,9 +55,8 @@ class AsyncLLMEngine:
         """Requests that would have to wait for a free place in the batch: those queued beyond what the
         running batch (max_num_seqs) has room for (read from another thread: a snapshot)."""
         with self._lock:
-            pending = self._submitted
-        sched = self.engine.scheduler
-        return max(0, pending + len(sched.waiting) + len(sched.running) - sched.max_num_seqs)
+            pending, snap = self._submitted, self.snapshot
+        return max(0, pending + snap["num_waiting"] + snap["num_running"] - snap["max_num_seqs"])
 
     def num_in_flight(self) -> int:
         """Requests submitted that the loop thread has not taken yet."""
@@ -67,8 +66,7 @@ class AsyncLLMEngine:
     def num_waiting_prompt_tokens(self) -> int:
         """Prompt tokens of the requests not yet admitted (the last published snapshot plus those in flight)."""
         with self._lock:
-            pending = self._submitted_tokens
-        return pending + self.snapshot["waiting_prompt_tokens"]
+            return self._submitted_tokens + self.snapshot["waiting_prompt_tokens"]
 
     async def generate(self, request_id: str, prompt, params) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its RequestOutput each step it advances, the last with finished=True.
@@ -116,19 +114,30 @@ class AsyncLLMEngine:
     # --- the loop thread ---------------------------------------------------------------------------------
 
     def _take_snapshot(self) -> dict:
-        """What /metrics and admission read from other threads: plain numbers, replaced whole each time."""
-        sched, blocks = self.engine.scheduler, self.engine.block_manager
-        return dict(num_running=len(sched.running), num_waiting=len(sched.waiting),
-                    waiting_prompt_tokens=sum(seq.num_prompt_tokens for seq in sched.waiting),
-                    kv_cache_usage=1.0 - blocks.num_free / blocks.num_blocks if blocks.num_blocks else 0.0,
-                    prefix_cache_queries=blocks.queried_tokens, prefix_cache_hits=blocks.hit_tokens,
-                    num_preemptions=sched.num_preemptions,
-                    spec=self.engine.spec.metrics() if getattr(self.engine, "spec", None) is not None else None)
+        """What /metrics and admission read from other threads: plain numbers from `engine.metrics()`,
+        replaced whole each time."""
+        m = self.engine.metrics()
+        spec = {k: v for k, v in m.items() if k.startswith("spec_decode_")}
+        total = m["kv_blocks_total"]
+        return dict(num_running=m["num_running"], num_waiting=m["num_waiting"], max_num_seqs=m["max_num_seqs"],
+                    waiting_prompt_tokens=m["waiting_prompt_tokens"],
+                    kv_cache_usage=1.0 - m["kv_blocks_free"] / total if total else 0.0,
+                    prefix_cache_queries=m["prefix_cache_queried_tokens"],
+                    prefix_cache_hits=m["prefix_cache_hit_tokens"],
+                    num_preemptions=m["num_preemptions"], spec=spec or None)
+
+    def _publish(self, taken: tuple[int, int] = (0, 0)) -> None:
+        """Publish a new snapshot; the requests taken from the queue since the last one (count, prompt tokens)
+        leave the in-flight count at the same moment, so admission never counts a request twice or not at all."""
+        snap = self._take_snapshot()
+        with self._lock:
+            self.snapshot = snap
+            self._submitted -= taken[0]
+            self._submitted_tokens -= taken[1]
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain_commands(block=not self.engine.has_unfinished())
-            self.snapshot = self._take_snapshot()
+            self._publish(self._drain_commands(block=not self.engine.has_unfinished()))
             if not self.engine.has_unfinished():
                 continue
             try:
@@ -137,7 +146,7 @@ class AsyncLLMEngine:
                 self._fail_running(e)
                 continue
             finally:
-                self.snapshot = self._take_snapshot()
+                self._publish()
             for out in outputs:
                 self._send(out.request_id, out)
                 if out.finished:
@@ -145,19 +154,23 @@ class AsyncLLMEngine:
         for request_id in list(self._sinks):
             self.engine.abort(request_id)
             self._send(request_id, RuntimeError("the engine shut down"))
-        self.snapshot = self._take_snapshot()
+        self._publish()
 
-    def _drain_commands(self, block: bool) -> None:
+    def _drain_commands(self, block: bool) -> tuple[int, int]:
+        """Apply every queued command; (requests taken, their prompt tokens)."""
+        taken = [0, 0]
         try:
             command = self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
         except queue.Empty:
-            return
+            return 0, 0
         while True:
+            if command[0] == "add":
+                taken[0], taken[1] = taken[0] + 1, taken[1] + command[-1]
             self._apply(command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return taken[0], taken[1]
 
     def _apply(self, command) -> None:
         if command[0] == "abort":
@@ -165,10 +178,7 @@ class AsyncLLMEngine:
             self.engine.abort(request_id)
             self._sinks.pop(request_id, None)
             return
-        _, request_id, prompt, params, loop, sink, tokens = command
-        with self._lock:
-            self._submitted -= 1
-            self._submitted_tokens -= tokens
+        _, request_id, prompt, params, loop, sink, _ = command
         try:
             if request_id in self._sinks:
                 raise ValueError(f"request_id {request_id!r} is already running or waiting")
@@ -190,7 +200,7 @@ class AsyncLLMEngine:
             self._sinks.pop(request_id, None)
 
     def _fail_running(self, error: Exception) -> None:
-        ids = [seq.seq_id for seq in self.engine.scheduler.running]
+        ids = self.engine.running_request_ids()
         self.engine.abort(ids)
         for request_id in ids:
             self._send(request_id, RuntimeError(f"request {request_id} failed in the engine: "

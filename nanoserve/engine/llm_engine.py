@@ -185,13 +185,18 @@ class LLMEngine:
     def metrics(self) -> dict:
         s = self.scheduler
         b = self.block_manager
-        return dict(num_running=len(s.running), num_waiting=len(s.waiting),
+        return dict(num_running=len(s.running), num_waiting=len(s.waiting), max_num_seqs=self.config.max_num_seqs,
+                    waiting_prompt_tokens=sum(seq.num_prompt_tokens for seq in s.waiting),
                     kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free, kv_block_size=b.block_size,
                     kv_cache_bytes=self.kv_cache.nbytes,
                     prefix_cache_hit_rate=b.hit_tokens / b.queried_tokens if b.queried_tokens else 0.0,
                     prefix_cache_hit_tokens=b.hit_tokens, prefix_cache_queried_tokens=b.queried_tokens,
                     num_preemptions=s.num_preemptions, **self.compile_metrics(), **self.stats,
                     **(self.spec.metrics() if self.spec is not None else {}))
+
+    def running_request_ids(self) -> list[str]:
+        """The requests in the running batch (those a failed step took with it)."""
+        return [seq.seq_id for seq in self.scheduler.running]
 
     def compile_metrics(self) -> dict:
         """Chapter 06: the compilation mode, graphs compiled or captured, recompiles (a bucket compiled twice),
