@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nanoserve.spec.decoder import SpeculativeDecoder
-from nanoserve.spec.proposers import DraftModelProposer, NgramProposer
+from nanoserve.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 from nanoserve.spec.verify import probs, verify
 from nanoserve.validation import check_int
 
@@ -76,5 +76,5 @@ def build(config: SpeculativeConfig, target, device, dtype, num_kv_blocks: int, 
     return SpeculativeDecoder(proposer, k, max_num_batched_tokens, max_model_len)
 
 
-__all__ = ["SpeculativeConfig", "SpeculativeDecoder", "NgramProposer", "DraftModelProposer", "probs", "verify",
+__all__ = ["SpeculativeConfig", "SpeculativeDecoder", "Proposer", "NgramProposer", "DraftModelProposer", "probs", "verify",
            "build"]

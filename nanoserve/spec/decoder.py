@@ -13,11 +13,12 @@ import torch
 
 from nanoserve.engine.model_runner import StepPlan
 from nanoserve.sampling import sample
+from nanoserve.spec.proposers import Proposer
 from nanoserve.spec.verify import probs, verify
 
 
 class SpeculativeDecoder:
-    def __init__(self, proposer, k: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(self, proposer: Proposer, k: int, max_num_batched_tokens: int, max_model_len: int):
         self.proposer, self.k = proposer, k
         self.max_num_batched_tokens, self.max_model_len = max_num_batched_tokens, max_model_len
         # vLLM's names: proposals made, tokens proposed, tokens accepted, and accepted at each position
@@ -55,8 +56,7 @@ class SpeculativeDecoder:
         drafts, dists = self.proposer.propose(seqs, limits)
         for i, seq in enumerate(seqs):     # the target's blocks for the drafts' positions, or no drafts
             if drafts[i] and not block_manager.ensure(seq, seq.num_cached_tokens + 1 + len(drafts[i])):
-                if hasattr(self.proposer, "accepted"):    # the draft forgets what it ran ahead
-                    self.proposer.accepted(seq, len(drafts[i]), 0)
+                self.proposer.accepted(seq, len(drafts[i]), 0)   # the draft forgets what it ran ahead
                 drafts[i], dists[i] = [], None
         plan = StepPlan.of(batch)
         for i, d in enumerate(drafts):
@@ -82,8 +82,7 @@ class SpeculativeDecoder:
                                  f"the accepted drafts, then exactly one more token")
             new_tokens[seq.seq_id], computed[seq.seq_id] = tokens, 1 + accepted
             self._count(len(drafts[i]), accepted)
-            if hasattr(self.proposer, "accepted"):
-                self.proposer.accepted(seq, len(drafts[i]), accepted)
+            self.proposer.accepted(seq, len(drafts[i]), accepted)
         if plain:
             sampled = sample(torch.cat([row for _, row in plain]), [s.params for s, _ in plain],
                              [s.generator for s, _ in plain], runner.generator).tolist()
@@ -93,8 +92,7 @@ class SpeculativeDecoder:
 
     def release(self, running) -> None:
         """Let the proposer drop what it holds for sequences no longer running (finished, aborted, preempted)."""
-        if hasattr(self.proposer, "release"):
-            self.proposer.release({s.seq_id for s in running})
+        self.proposer.release({s.seq_id for s in running})
 
     def _count(self, num_drafts: int, accepted: int) -> None:
         self.stats["spec_decode_num_drafts"] += 1

@@ -17,7 +17,23 @@ from nanoserve.engine.sequence import Sequence
 from nanoserve.spec.verify import probs
 
 
-class NgramProposer:
+class Proposer:
+    """What the speculative decoder asks of a proposer. `propose` is required; a proposer that keeps state per
+    sequence (a draft model's cache) also hears what was accepted and which sequences still run."""
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Up to limits[i] draft tokens for each sequence, and the distribution each was drawn from (None for a
+        point mass)."""
+        raise NotImplementedError
+
+    def accepted(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+        """After verification: `num_accepted` of the sequence's `num_drafts` drafts were kept."""
+
+    def release(self, keep: set[str]) -> None:
+        """Forget every sequence not in `keep` (finished, aborted or preempted)."""
+
+
+class NgramProposer(Proposer):
     def __init__(self, k: int, n_min: int = 1, n_max: int = 4):
         self.k, self.n_min, self.n_max = k, n_min, n_max
 
@@ -46,7 +62,7 @@ class _DraftState:
         self.num_cached_tokens = 0
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     def __init__(self, model, k: int, num_kv_blocks: int, block_size: int, seed: int = 0):
         self.k, self.model = k, model
         self.blocks = BlockManager(num_kv_blocks, block_size, enable_prefix_caching=False)
