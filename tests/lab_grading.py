@@ -94,14 +94,14 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
 
 
 # --- a learner's mistake, replayed in nbval's run of the solution ----------------------------------------
-# A mistake test used to grade an edited copy of the solution: a second execution of the lab's setup and
-# measurements (half a minute to a minute a lab on 2 cores) only to feed a wrong answer to one check. nbval
-# already executes the solution in this test run, so conftest.py replays each registered mistake in that
-# kernel, right after the cell that prints the check it is about: the cells from the first one edited to that
-# cell that the edits can change (`replay_plan`), run on a copy of the notebook's namespace (what they rebind is dropped) and the grading results
-# they add are removed again, so the solution's later cells see exactly what they would have. The mistake's
-# checks are judged on the learner's own measurements of this very run. Run alone (no nbval pass of the
-# solution in the session), a mistake test grades an edited copy as before.
+# Grading an edited copy of the solution would execute the lab's setup and measurements again (half a minute
+# to a minute a lab on 2 cores) only to feed a wrong answer to one check. nbval already executes the solution
+# in this test run, so conftest.py replays each registered mistake in that kernel, right after the cell that
+# prints the check it is about: of the cells from the first one edited to that cell, those the edits can
+# change (`replay_plan`) run on a copy of the notebook's namespace (what they rebind is dropped), and the
+# grading results they add are removed again, so the solution's later cells see exactly what they would have.
+# The mistake's checks are judged on the learner's own measurements of this very run. Run alone (no nbval pass
+# of the solution in the session), a mistake test grades an edited copy.
 
 MISTAKES: dict[str, dict[str, tuple[list[tuple[str, str]], str]]] = {}   # solution name -> {id: (edits, through)}
 REPLAYS: dict[tuple[str, str], str] = {}   # (solution name, id) -> what the solution's cells and the replay printed

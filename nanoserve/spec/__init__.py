@@ -76,5 +76,5 @@ def build(config: SpeculativeConfig, target, device, dtype, num_kv_blocks: int, 
     return SpeculativeDecoder(proposer, k, max_num_batched_tokens, max_model_len)
 
 
-__all__ = ["SpeculativeConfig", "SpeculativeDecoder", "Proposer", "NgramProposer", "DraftModelProposer", "probs", "verify",
-           "build"]
+__all__ = ["SpeculativeConfig", "SpeculativeDecoder", "Proposer", "NgramProposer", "DraftModelProposer", "probs",
+           "verify", "build"]
