@@ -70,7 +70,7 @@ class PagedAttention:
         self.scale = cfg.head_dim ** -0.5
         self.metadata: AttentionMetadata | None = None
         # chosen once: the reference gathers blocks, the kernels read them in place
-        self._decode = self._decode_gathered if ops.name == "torch" else self._decode_in_place
+        self._decode = self._decode_in_place if ops.decode_in_place else self._decode_gathered
         self._inputs: StepInputs | None = None
         # Gathered copies of blocks land in a reused buffer on a CPU. Allocated afresh each layer, a copy of tens
         # of MB goes back to glibc and the next one is carved from wherever it fits: under torch.profiler (whose
@@ -106,7 +106,7 @@ class PagedAttention:
                 blocks = meta.block_tables[s, :-(-(start + n) // meta.block_size)].long()
                 keys = self._gather("k", kc, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
                 vals = self._gather("v", vc, blocks).view(-1, kvh, d)[:start + n].transpose(0, 1)
-            if self.ops.name == "triton":
+            if self.ops.own_prefill:
                 o = self.ops.flash_prefill(qs, keys, vals, start, self.scale, self.sliding_window)
             else:
                 o = prefill_attention(qs[None], keys[None], vals[None], start, self.sliding_window)[0]

@@ -79,7 +79,7 @@ class CudaGraphDecode:
 
     def _attention(self, b: int):
         s = {k: v[:b] for k, v in self.static.items()}
-        if self.ops.name == "torch":   # the reference kernel reads a length on the host: gather every block instead
+        if not self.ops.decode_in_place:   # the reference reads each length on the host: gather every block instead
             flat_k, flat_v = (t.view(-1, *t.shape[-2:]) for t in (self.cache.k, self.cache.v))
             return StaticDecodeAttention(flat_k, flat_v, self.cache.num_blocks, self.cache.block_size,
                                          self.model.config.sliding_window, s["slots"], s["tables"], s["context"])

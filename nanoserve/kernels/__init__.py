@@ -87,6 +87,10 @@ class KernelSet:
     softmax: Callable
     paged_decode_attention: Callable     # (q, k_cache, v_cache, block_tables, context_lens, scale, window)
     flash_prefill: Callable              # (q, k, v, q_offset, scale, window)
+    decode_in_place: bool = False        # decode attention reads the KV blocks where they are (the reference
+                                         # gathers them, and reads each sequence's length on the host)
+    own_prefill: bool = False            # prefill attention runs flash_prefill (else torch's SDPA, which the
+                                         # reference's flash_prefill_ref only restates)
 
 
 def _reference_ops() -> dict:
@@ -108,9 +112,10 @@ def select(choice: str | None = None, device: torch.device | str | None = None) 
     builds the engine; see `backend` for how auto chooses."""
     name = backend(choice, device)
     if name == "triton":
-        return KernelSet("triton", **_triton_ops())
+        return KernelSet("triton", **_triton_ops(), decode_in_place=True, own_prefill=True)
     if name == "cpu":   # the references, with decode attention reading the KV blocks in place
-        return KernelSet("cpu", **(_reference_ops() | dict(paged_decode_attention=cpu_attention.paged_attention)))
+        return KernelSet("cpu", **(_reference_ops() | dict(paged_decode_attention=cpu_attention.paged_attention)),
+                         decode_in_place=True)
     return KernelSet("torch", **_reference_ops())
 
 
