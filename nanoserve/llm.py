@@ -97,9 +97,8 @@ class LLM:
             self.tp.serve()
             return
         if num_kv_blocks is None:
-            if self.tp is not None and dev.type == "cuda" and kv_cache_memory is None:
-                from nanoserve.distributed.worker import ProfilePeak
-                self.tp.group.send(ProfilePeak(max_num_batched_tokens, max_num_seqs))
+            if self.tp is not None and kv_cache_memory is None:
+                self.tp.share_activation_peak(max_num_batched_tokens, max_num_seqs)
             num_kv_blocks, self.kv_pool_source, self.activation_peak_bytes = kv_pool_size(
                 self.model, block_size, max_num_seqs, wanted_len, kv_cache_memory, gpu_memory_utilization,
                 max_num_batched_tokens)
@@ -113,11 +112,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
             enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling, compilation=compilation)
-        runner = None
-        if self.tp is not None:
-            from nanoserve.distributed.worker import TensorParallelRunner
-            runner = TensorParallelRunner(self.model, num_kv_blocks, block_size, seed, self.tp.group)
-            self.tp.finish()   # launched ranks return from their LLM(...) now
+        runner = None if self.tp is None else self.tp.runner(num_kv_blocks, block_size, seed)
         decoder = None if spec_config is None else spec.build(
             spec_config, self.model, dev, dtype, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens,
             max_model_len, seed)

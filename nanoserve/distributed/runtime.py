@@ -14,7 +14,7 @@ import torch.distributed as dist
 from nanoserve.distributed.group import Group, Stop, cpu_threads, join_launched, launched_world, rank_device, spawn_workers
 from nanoserve.distributed.loader import load_shard
 from nanoserve.distributed.sharding import ShardPlan
-from nanoserve.distributed.worker import Worker, receive_broadcast
+from nanoserve.distributed.worker import ProfilePeak, TensorParallelRunner, Worker, receive_broadcast
 from nanoserve.models.config import ModelConfig
 
 
@@ -39,6 +39,19 @@ class TensorParallel:
         if isinstance(payload, BaseException):
             raise payload
         return payload
+
+    def share_activation_peak(self, num_tokens: int, num_sampled: int) -> None:
+        """Rank 0 is about to run the activation-peak forward that sizes a GPU's pool: the other ranks run it too
+        (its collectives must meet theirs). A CPU's pool is not sized from it."""
+        if self.device.type == "cuda":
+            self.group.send(ProfilePeak(num_tokens, num_sampled))
+
+    def runner(self, num_kv_blocks: int, block_size: int, seed: int) -> TensorParallelRunner:
+        """Rank 0's ModelRunner, which sends every step to the other ranks; launched ranks return from their
+        LLM(...) now."""
+        runner = TensorParallelRunner(self.model, num_kv_blocks, block_size, seed, self.group)
+        self.finish()
+        return runner
 
     def finish(self, payload=None) -> None:
         """Rank 0 under a launcher: release the others (from __init__ or generate) with `payload`."""
