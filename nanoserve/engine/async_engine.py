@@ -59,7 +59,8 @@ class AsyncLLMEngine:
         return max(0, pending + snap["num_waiting"] + snap["num_running"] - snap["max_num_seqs"])
 
     def num_in_flight(self) -> int:
-        """Requests submitted that the loop thread has not taken yet."""
+        """Requests submitted that no published snapshot counts yet (the loop thread has not taken them, or has
+        and not yet published)."""
         with self._lock:
             return self._submitted
 
