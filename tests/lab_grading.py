@@ -69,6 +69,27 @@ def assert_solution_passes(solution: Path, checks: tuple[str, ...]) -> None:
     assert not failed, failed
 
 
+def _edited_code(solution: Path, edits: list[tuple[str, str]]):
+    """(the solution notebook, its code cells, their sources with each `old` text, found in exactly one code
+    cell, replaced by `new`)."""
+    nb = nbformat.read(str(solution), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    edited = [c.source for c in code]
+    for old, new in edits:
+        hits = [i for i, source in enumerate(edited) if old in source]
+        assert len(hits) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(hits)}"
+        edited[hits[0]] = edited[hits[0]].replace(old, new)
+    return nb, code, edited
+
+
+def _printing_cell(code, through: str, name: str) -> int:
+    """The index, among `code` cells, of the one whose committed output prints check `through`."""
+    printed = [i for i, c in enumerate(code)
+               if any(prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
+    assert len(printed) == 1, f"expected one cell of {name} to print check {through!r}, found {len(printed)}"
+    return printed[0]
+
+
 def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path: Path, capsys,
                           through: str | None = None) -> tuple[int, str]:
     """Grade a copy of the solution with each `old` text (found in exactly one cell) replaced by `new`:
@@ -77,16 +98,12 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
     `through`: run only up to the cell that prints that check (found in the committed solution's outputs).
     The later cells are the costly lever runs (half a lab's time); a test that asserts on the checks up to
     there does not need them, and nbval runs the whole solution anyway."""
-    nb = nbformat.read(str(solution), as_version=4)
-    for old, new in edits:
-        cells = [c for c in nb.cells if old in c.source]
-        assert len(cells) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(cells)}"
-        cells[0].source = cells[0].source.replace(old, new)
+    nb, code, edited = _edited_code(solution, edits)
+    for cell, source in zip(code, edited):
+        cell.source = source
     if through is not None:
-        printed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
-            prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
-        assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
-        nb.cells = nb.cells[:printed[0] + 1]
+        last = code[_printing_cell(code, through, solution.name)]
+        nb.cells = nb.cells[:next(i for i, c in enumerate(nb.cells) if c is last) + 1]
     path = tmp_path / solution.name
     nbformat.write(nb, str(path))
     code = grade.main([str(path)])
@@ -145,23 +162,13 @@ def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> t
     (a measurement, seconds to a minute), so its results stay in the namespace and its printed checks are kept.
     The rule sees names, not objects: an edit that mutates an object through a call, not an assignment, must not
     be left for a later unedited cell to see (the labs' mistakes assign their answers)."""
-    nb = nbformat.read(str(solution), as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    _, code, edited = _edited_code(solution, edits)
     sources = [c.source for c in code]
-    for old, _ in edits:
-        hits = [i for i, s in enumerate(sources) if old in s]
-        assert len(hits) == 1, f"expected one cell of {solution.name} to contain {old!r}, found {len(hits)}"
-    edited = list(sources)
-    for old, new in edits:
-        i = next(i for i, s in enumerate(edited) if old in s)
-        edited[i] = edited[i].replace(old, new)
     first = min(i for i, (a, b) in enumerate(zip(sources, edited)) if a != b)
-    printed = [i for i, c in enumerate(code) if any(
-        prints_check(o.get("text", ""), through) for o in c.get("outputs", []))]
-    assert len(printed) == 1, f"expected one cell of {solution.name} to print check {through!r}, found {len(printed)}"
-    assert first <= printed[0], f"{solution.name}: the edits come after the cell printing {through!r}"
+    last = _printing_cell(code, through, solution.name)
+    assert first <= last, f"{solution.name}: the edits come after the cell printing {through!r}"
     kept, run, rebound, opaque = list(sources[:first]), [], set(), False
-    for original, source in zip(sources[first:printed[0] + 1], edited[first:printed[0] + 1]):
+    for original, source in zip(sources[first:last + 1], edited[first:last + 1]):
         names = _names(source)
         if source != original or opaque or names is None or names[0] & rebound:
             run.append(source)
@@ -188,6 +195,17 @@ def replay_code(cells: list[str]) -> str:
         "    finally:\n"
         "        del _grading.results[n:]\n"
         f"_nanoserve_replay({cells!r}); del _nanoserve_replay\n")
+
+
+def assert_mistake_fails(solution: Path, mistake_id: str, tmp_path: Path, capsys, *, fails=(), passes=(),
+                         says=()) -> None:
+    """The registered mistake is graded a failure: every check in `fails` FAILs, every one in `passes` PASSes,
+    and each regex in `says` (a check's verdict and detail) is in the report."""
+    code, out = graded_mistake(solution, mistake_id, tmp_path, capsys)
+    assert code == 1, out
+    verdicts = [rf"FAIL\s+{re.escape(n)}\s" for n in fails] + [rf"PASS\s+{re.escape(n)}\s" for n in passes]
+    for pattern in [*says, *verdicts]:
+        assert re.search(pattern, out), f"{pattern!r} not in the report:\n{out}"
 
 
 def graded_mistake(solution: Path, mistake_id: str, tmp_path: Path, capsys) -> tuple[int, str]:

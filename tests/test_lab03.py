@@ -10,12 +10,11 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
+from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
@@ -44,8 +43,6 @@ WRONG_DIAGNOSIS = mistake(SOLUTION, "wrong-diagnosis", [
 @pytest.mark.slow
 @pytest.mark.replays_solution
 def test_grading_lab03_wrong_diagnosis_fails(tmp_path, capsys):
-    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
-    assert code == 1
-    assert re.search(r"FAIL\s+diagnosis\s+bound=compute but the measurement says data dominates", out), out
-    assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
-    assert re.search(r"PASS\s+measured\s", out) and re.search(r"PASS\s+prediction\s", out), out
+    assert_mistake_fails(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys, fails=("wrong-lever-bound",),
+                         passes=("measured", "prediction"),
+                         says=(r"FAIL\s+diagnosis\s+bound=compute but the measurement says data dominates",))

@@ -12,12 +12,11 @@ The mistakes are replayed in nbval's run of the solution (tests/lab_grading.py),
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
+from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab04_kv_memory.ipynb"
@@ -63,30 +62,22 @@ POOL_WITHOUT_SHARING = mistake(SOLUTION, "pool-without-sharing", [
 @pytest.mark.slow
 @pytest.mark.replays_solution
 def test_grading_lab04_wrong_prediction_diagnosis_and_bound_fail(tmp_path, capsys):
-    code, out = graded_mistake(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys)
-    assert code == 1
-    assert re.search(r"FAIL\s+prediction\s", out), out
-    assert re.search(r"FAIL\s+diagnosis\s+bound=max_num_seqs but the measurement says kv_memory dominates", out), out
-    assert re.search(r"FAIL\s+wrong-lever-bound\s", out), out
-    for name in ("measured", "preemptions-quoted"):
-        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert_mistake_fails(SOLUTION, WRONG_DIAGNOSIS, tmp_path, capsys, fails=("prediction", "wrong-lever-bound"),
+                         passes=("measured", "preemptions-quoted"),
+                         says=(r"FAIL\s+diagnosis\s+bound=max_num_seqs but the measurement says kv_memory dominates",))
 
 
 @pytest.mark.slow
 @pytest.mark.replays_solution
 def test_grading_lab04_wrong_lever_fails(tmp_path, capsys):
-    code, out = graded_mistake(SOLUTION, WRONG_LEVER, tmp_path, capsys)
-    assert code == 1
-    for name in ("no-preemptions", "throughput", "right-beats-wrong"):
-        assert re.search(rf"FAIL\s+{name}\s", out), out
-    assert re.search(r"PASS\s+same-outputs\s", out), out   # preemption keeps the tokens right
+    # preemption keeps the tokens right: the outputs check passes, the speed checks do not
+    assert_mistake_fails(SOLUTION, WRONG_LEVER, tmp_path, capsys,
+                         fails=("no-preemptions", "throughput", "right-beats-wrong"), passes=("same-outputs",))
 
 
 @pytest.mark.slow
 @pytest.mark.replays_solution
 def test_grading_lab04_pool_sized_without_sharing_fails_pool_size(tmp_path, capsys):
-    code, out = graded_mistake(SOLUTION, POOL_WITHOUT_SHARING, tmp_path, capsys)
-    assert code == 1
-    assert re.search(r"FAIL\s+pool-size\s+320 blocks \(30\.0 MiB\) for 134 needed", out), out
-    for name in ("same-outputs", "no-preemptions", "throughput", "right-beats-wrong"):
-        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert_mistake_fails(SOLUTION, POOL_WITHOUT_SHARING, tmp_path, capsys,
+                         passes=("same-outputs", "no-preemptions", "throughput", "right-beats-wrong"),
+                         says=(r"FAIL\s+pool-size\s+320 blocks \(30\.0 MiB\) for 134 needed",))

@@ -14,12 +14,11 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, graded_mistake, mistake
+from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake
 from nanoserve.course import grading, lab07
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,12 +51,9 @@ QUANTIZE_EVERYTHING = mistake(SOLUTION, "quantize-everything", [
 @pytest.mark.slow
 @pytest.mark.replays_solution
 def test_grading_lab07_quantize_everything_fails(tmp_path, capsys):
-    code, out = graded_mistake(SOLUTION, QUANTIZE_EVERYTHING, tmp_path, capsys)
-    assert code == 1
-    assert re.search(r"FAIL\s+diagnosis-scoring\s+bound=memory but the measurement says compute dominates", out), out
-    assert re.search(r"FAIL\s+prediction-scoring\s", out), out
-    for name in ("measured", "diagnosis-chat", "prediction-chat"):
-        assert re.search(rf"PASS\s+{name}\s", out), out
+    assert_mistake_fails(SOLUTION, QUANTIZE_EVERYTHING, tmp_path, capsys, fails=("prediction-scoring",),
+                         passes=("measured", "diagnosis-chat", "prediction-chat"),
+                         says=(r"FAIL\s+diagnosis-scoring\s+bound=memory but the measurement says compute dominates",))
 
 
 def _scoring_check(predicted, measured, s_parts):
