@@ -19,8 +19,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from nanoserve.serve.load import (RequestRecord, arrival_intervals, free_port, load, parse_goodput, send_times,
-                                  start_server, summarize)
+from nanoserve.serve.load import (RequestRecord, arrival_intervals, free_port, load, one_at_a_time_waits,
+                                  parse_goodput, send_times, start_server, summarize)
 
 FIRST_S, GAP_S, TOKENS = 0.2, 0.05, 4   # the scripted stream: first text after 0.2 s, then 3 more 0.05 s apart
 
@@ -161,6 +161,17 @@ def test_arrivals_gamma_mean_and_spread(burstiness):
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.05)   # gamma's CV: Poisson's is 1
     assert np.array_equal(gaps, arrival_intervals(40_000, 8.0, burstiness, seed=1))
     assert not np.array_equal(gaps, arrival_intervals(40_000, 8.0, burstiness, seed=2))
+
+
+def test_one_at_a_time_waits():
+    # arrivals at 0, 0.5, 0.6 and 5 for a server taking 1 each: the second waits until 1, the third until 2,
+    # the fourth finds it idle
+    assert one_at_a_time_waits([0.0, 0.5, 0.6, 5.0], 1.0) == pytest.approx([0.0, 0.5, 1.4, 0.0])
+    # past capacity the line only grows: 3x the rate one server drains, and the last wait is many services long
+    waits = one_at_a_time_waits(send_times(60, 3.0, seed=1), 1.0)
+    assert waits[-1] > 30 and waits[-1] == waits.max()
+    with pytest.raises(ValueError, match="service_s"):
+        one_at_a_time_waits([0.0], 0.0)
 
 
 def test_arrivals_infinite_rate_and_bad_arguments():

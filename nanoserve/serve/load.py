@@ -94,6 +94,19 @@ def send_times(n: int, request_rate: float, burstiness: float = 1.0, seed: int =
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else gaps
 
 
+
+def one_at_a_time_waits(due, service_s: float) -> np.ndarray:
+    """How long each arrival waits in line at a server that serves one request at a time, first come first
+    served, each taking service_s: the queueing model of a server without batching."""
+    if service_s <= 0:
+        raise ValueError(f"service_s = {service_s!r}: expected the time one request takes alone, > 0")
+    waits, free_at = [], 0.0
+    for at in due:
+        start = max(float(at), free_at)
+        waits.append(start - float(at))
+        free_at = start + service_s
+    return np.array(waits)
+
 # --- one request -------------------------------------------------------------------------------------------
 
 def error_message(status: int, body: bytes) -> str:
