@@ -80,7 +80,7 @@ def _nbval_version() -> str:
 # Each nbval cell is one test; the kernel starts in the first cell's setup and stops in the last
 # cell's teardown, so summing every phase of every cell gives the notebook's full run time.
 _notebook_seconds: dict[str, float] = defaultdict(float)
-_replay_seconds: dict[str, float] = defaultdict(float)   # mistake replays inside a notebook's cells: not its own time
+_replay_seconds: dict[str, float] = defaultdict(float)   # learners' runs replayed in a notebook's kernel: not its time
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -104,12 +104,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     total = sum(own.values())
     tr.write_line(f"{total:8.1f} s  total, {len(_notebook_seconds)} notebooks, {over} over budget")
     for path, seconds in sorted(_replay_seconds.items()):
-        tr.write_line(f"{seconds:8.1f} s  of learners' mistakes replayed in {path}'s kernel (not counted above)")
+        tr.write_line(f"{seconds:8.1f} s  of learners' runs (mistakes, the untouched lab) replayed in {path}'s kernel "
+                      f"(not counted above)")
 
 
-# --- learners' mistakes replayed in nbval's run of a lab solution (tests/lab_grading.py) ------------------
+# --- learners' runs replayed in nbval's run of a lab solution (tests/lab_grading.py): each registered mistake
+# after the cell printing its check, and the untouched lab after the last cell ----------------------------
 _cells_run: dict[str, list[tuple[str, str]]] = defaultdict(list)   # notebook -> (source, printed text) per cell
 _REPLAY_TIMEOUT_S = 300
+_learners: dict[str, tuple] = {}   # solution name -> lab_grading.learner_cells of its registered lab
 
 
 def _printed(outputs) -> str:
@@ -136,15 +139,47 @@ def _run_in_kernel(kernel, code: str) -> str:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    yield
-    if not _is_nbval_cell(item):
-        return
     import sys
-    lab_grading = sys.modules.get("lab_grading")
+    lab_grading = sys.modules.get("lab_grading") if _is_nbval_cell(item) else None
     name = item.path.name
-    if lab_grading is None or name not in lab_grading.MISTAKES or getattr(item.parent, "kernel", None) is None:
+    if lab_grading is None or getattr(item.parent, "kernel", None) is None or \
+            (name not in lab_grading.MISTAKES and name not in lab_grading.UNSOLVED):
+        yield
         return
+    lab = lab_grading.UNSOLVED.get(name)
+    if lab is not None and name not in _learners:
+        _learners[name] = lab_grading.learner_cells(item.path, lab)
+    learner = _learners.get(name)
+    if learner is not None and item.cell_num == learner[2]:
+        _run_in_kernel(item.parent.kernel, lab_grading.snapshot_code())   # before the solution's first TODO cell
+    yield
     _cells_run[name].append((item.cell.source, _printed(getattr(item, "test_outputs", None) or [])))
+    _replay_mistakes(item, lab_grading)
+    if learner is not None and item.cell_num == len(learner[1]) - 1:   # after the mistakes: it runs the lab's
+        _replay_unsolved(item, lab_grading, lab, *learner)            # given measurements on shared objects
+
+
+def _replay_unsolved(item, lab_grading, lab, nb, code, first) -> None:
+    """After the solution's last cell: the lab's cells from its first TODO on (tests/lab_grading.py)."""
+    start, kernel, printed = time.perf_counter(), item.parent.kernel, [text for _, text in _cells_run[item.path.name]]
+    for cell, text in zip(code[:first], printed):
+        lab_grading.fill_outputs(cell, text)
+    _run_in_kernel(kernel, lab_grading.learner_start_code())
+    for i, run, binds in lab_grading.unsolved_plan(item.path, lab):
+        if run:
+            lab_grading.fill_outputs(code[i], _run_in_kernel(kernel, lab_grading.learner_cell_code(code[i].source)))
+        else:   # the solution's own cell, which computed what the learner's would: its output and its names
+            lab_grading.fill_outputs(code[i], printed[i])
+            _run_in_kernel(kernel, lab_grading.learner_keep_code(binds))
+    _run_in_kernel(kernel, lab_grading.learner_end_code())
+    lab_grading.UNSOLVED_RUNS[lab.name] = nb
+    _replay_seconds[item.nodeid.split("::", 1)[0]] += time.perf_counter() - start
+
+
+def _replay_mistakes(item, lab_grading) -> None:
+    name = item.path.name
+    if name not in lab_grading.MISTAKES:
+        return
     committed = _printed(item.cell.get("outputs", []))
     for mistake_id, (edits, through) in lab_grading.MISTAKES[name].items():
         if not lab_grading.prints_check(committed, through):

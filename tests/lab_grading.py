@@ -38,16 +38,23 @@ def stub_problems(nb) -> tuple[int, list[str]]:
 
 
 def assert_unsolved_fails(lab: Path, tmp_path: Path, capsys, must_not_pass: tuple[str, ...], todos: int = 3) -> str:
-    """Grade a learner's untouched copy (wherever it lives): non-zero exit, `todos` stubs, none of `must_not_pass`;
-    and, from the same run, the stubs behave (`stub_problems`): a lab is executed once for both."""
-    copy = tmp_path / lab.name
-    shutil.copy(lab, copy)
-    executed = tmp_path / f"executed-{lab.name}"
-    assert grade.main([str(copy), "--save", str(executed)]) == 1
-    out = capsys.readouterr().out
+    """Grade a learner's untouched copy: non-zero exit, `todos` stubs, none of `must_not_pass`; and, from the
+    same run, the stubs behave (`stub_problems`). The run is the replay of the lab's cells in this session's
+    nbval run of its solution when there was one (`unsolved`), else the grader's own run of a copy."""
+    executed = UNSOLVED_RUNS.get(lab.name)
+    if executed is not None:
+        report = grade.Report(lab, grade.collect_checks(executed))
+        code, out = (0 if report.ok else 1), grade.format_report(report)
+    else:
+        copy = tmp_path / lab.name
+        shutil.copy(lab, copy)
+        saved = tmp_path / f"executed-{lab.name}"
+        code = grade.main([str(copy), "--save", str(saved)])
+        out, executed = capsys.readouterr().out, nbformat.read(str(saved), as_version=4)
+    assert code == 1, out
     assert out.count("not implemented: NotImplementedError: TODO:") == todos, out
     assert not re.search(rf"PASS\s+({'|'.join(must_not_pass)})\s", out), out
-    todo_cells, problems = stub_problems(nbformat.read(str(executed), as_version=4))
+    todo_cells, problems = stub_problems(executed)
     assert todo_cells == todos and not problems, "\n".join(problems)
     return out
 
@@ -132,15 +139,26 @@ def mistake(solution: Path, mistake_id: str, edits: list[tuple[str, str]], throu
 
 def _names(source: str) -> tuple[set[str], set[str]] | None:
     """(names a cell reads, names it binds or assigns into), or None when it is not plain Python (a magic).
-    Reads include those inside its functions and lambdas; binds include `x[...] = ` and `x.attr = ` targets."""
+    Reads include those inside its functions and lambdas; binds include `x[...] = ` and `x.attr = ` targets, not
+    the names a function or a comprehension binds in its own scope (a `global` statement there is not seen)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
     reads, binds = set(), set()
+    local = set()   # names stored in a function's or a comprehension's own scope: the cell binds none of them
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            local.update(id(n) for stmt in ([node.body] if isinstance(node, ast.Lambda) else node.body)
+                         for n in ast.walk(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load))
+        elif isinstance(node, ast.comprehension):
+            local.update(id(n) for n in ast.walk(node.target) if isinstance(n, ast.Name))
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            (reads if isinstance(node.ctx, ast.Load) else binds).add(node.id)
+            if isinstance(node.ctx, ast.Load):
+                reads.add(node.id)
+            elif id(node) not in local:
+                binds.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             binds.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -221,3 +239,108 @@ def graded_mistake(solution: Path, mistake_id: str, tmp_path: Path, capsys) -> t
     lines += [line for line in text.splitlines() if line.startswith("replay raised")]
     failed = sum(not r.passed for r in results) or any(line.startswith("replay raised") for line in lines)
     return (1 if failed or not results else 0), "\n".join(lines)
+
+
+# --- a learner's untouched lab, replayed in nbval's run of its solution ---------------------------------------
+# The lab is the solution with each solution region replaced by its stub, so up to its first TODO cell a
+# learner's run computes exactly what the solution's does (the model, the workload, the symptom: half its time).
+# conftest.py keeps the namespace as it is just before the solution's first TODO cell runs, and after the
+# solution's last cell runs the lab's cells from its first TODO on, each on its own, in a copy of that namespace,
+# carrying on past errors as the grader does; their output and errors fill in a copy of the lab, which is then
+# graded like the grader's run of it. Objects made before the first TODO are shared with the solution's run and
+# are as its later cells left them (an engine that has served more requests); names are as the learner's run
+# would have them. Run alone, the unsolved test grades a copy of the lab with the grader.
+
+UNSOLVED: dict[str, Path] = {}           # solution name -> its lab
+UNSOLVED_RUNS: dict[str, object] = {}    # lab name -> the lab notebook with the replay's outputs
+
+
+def unsolved(solution: Path, lab: Path) -> Path:
+    """Register `lab`, generated from `solution`, for conftest.py to replay in nbval's run of the solution."""
+    UNSOLVED[solution.name] = lab
+    return lab
+
+
+def learner_cells(solution: Path, lab: Path):
+    """(the lab notebook, its code cells, the index among them of the first TODO cell). Every code cell before
+    that is the solution's own, so its run in the solution's kernel is the learner's."""
+    nb = nbformat.read(str(lab), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    theirs = [c.source for c in nbformat.read(str(solution), as_version=4).cells if c.cell_type == "code"]
+    first = next(i for i, c in enumerate(code) if grade.is_todo_cell(c))
+    assert len(code) == len(theirs) and [c.source for c in code[:first]] == theirs[:first], \
+        f"{lab.name} is not generated from {solution.name}: run tools/make_labs.py"
+    return nb, code, first
+
+
+SNAPSHOT, LEARNER = "_nanoserve_before_todo", "_nanoserve_learner"
+
+
+def snapshot_code() -> str:
+    return f"{SNAPSHOT} = dict(get_ipython().user_ns)\n"
+
+
+def unsolved_plan(solution: Path, lab: Path) -> list[tuple[int, bool, set[str]]]:
+    """(code cell index, run it?, the names it binds) for each lab cell from the first TODO on.
+
+    A cell runs unless it is the solution's own cell, reads no name that a TODO cell or a cell run before it
+    binds, and binds nothing a later cell of the solution binds again: then it computed in the solution's run
+    what it would compute in the learner's (a given measurement, seconds), and the names it binds are taken
+    from the solution's namespace as they are after its last cell."""
+    _, code, first = learner_cells(solution, lab)
+    theirs = [c.source for c in nbformat.read(str(solution), as_version=4).cells if c.cell_type == "code"]
+    later_binds = [set() for _ in theirs]
+    for i in range(len(theirs) - 2, -1, -1):
+        names = _names(theirs[i + 1])
+        later_binds[i] = later_binds[i + 1] | (names[1] if names else {"*"})
+    plan, learner_only = [], set()
+    for i in range(first, len(code)):
+        names, ours = _names(code[i].source), _names(theirs[i])
+        keep = (code[i].source == theirs[i] and names is not None and not names[0] & learner_only
+                and not names[1] & later_binds[i] and "*" not in later_binds[i])
+        if not keep:
+            learner_only |= (names[1] if names else set()) | (ours[1] if ours else set())
+        plan.append((i, not keep, names[1] if names else set()))
+    return plan
+
+
+def learner_start_code() -> str:
+    """The learner's namespace: a copy of the one before the first TODO cell, and the grading results so far."""
+    return (f"from nanoserve.course import grading as _g\n{LEARNER} = (dict({SNAPSHOT}), len(_g.results))\n"
+            f"del {SNAPSHOT}, _g\n")
+
+
+def learner_cell_code(source: str) -> str:
+    """Run one lab cell in the learner's namespace; print what it raised."""
+    return (
+        "def _nanoserve_learner_cell(src):\n"
+        "    try:\n"
+        f"        exec(compile(get_ipython().transform_cell(src), '<lab cell>', 'exec'), {LEARNER}[0])\n"
+        "    except Exception as exc:\n"
+        f"        print({LEARNER_ERROR!r} + repr((type(exc).__name__, str(exc))))\n"
+        f"_nanoserve_learner_cell({source!r}); del _nanoserve_learner_cell\n")
+
+
+def learner_keep_code(names: set[str]) -> str:
+    """Give the learner's namespace a kept cell's names, as the solution's run left them."""
+    return f"{LEARNER}[0].update({{n: v for n, v in get_ipython().user_ns.items() if n in {sorted(names)!r}}})\n"
+
+
+def learner_end_code() -> str:
+    """Forget the learner's namespace and the grading results its cells added."""
+    return f"from nanoserve.course import grading as _g\ndel _g.results[{LEARNER}[1]:], {LEARNER}, _g\n"
+
+
+LEARNER_ERROR = "<<lab cell raised>> "
+
+
+def fill_outputs(cell, printed: str) -> None:
+    """Set a lab cell's outputs from what its replay printed: its stdout, and its error (if it raised)."""
+    lines = printed.split("\n")
+    raised = [line for line in lines if line.startswith((LEARNER_ERROR, "replay raised "))]
+    text = "\n".join(line for line in lines if line not in raised)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)] if text.strip() else []
+    for line in raised:   # what the cell raised; "replay raised": what escaped it (an interrupt)
+        ename, evalue = (ast.literal_eval(line[len(LEARNER_ERROR):]) if line.startswith(LEARNER_ERROR)
+                         else line[len("replay raised "):].split(": ", 1) + [""])[:2]
+        cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))

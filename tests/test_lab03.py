@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake
+from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
-LAB = ROOT / "labs" / "lab03_data_pipeline.ipynb"
+LAB = unsolved(SOLUTION, ROOT / "labs" / "lab03_data_pipeline.ipynb")
 CHECKS = ("measured", "prediction", "diagnosis", "wrong-lever-bound", "wrong-lever-under-bound",
           "same-scores", "right-beats-wrong", "speedup")
 
 
 @pytest.mark.slow
+@pytest.mark.replays_solution
 def test_grading_lab03_unsolved_fails(tmp_path, capsys):
     assert_unsolved_fails(LAB, tmp_path, capsys, todos=5, must_not_pass=CHECKS)
 

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_unsolved_fails, assert_mistake_fails, mistake
+from lab_grading import assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab06_launch_overhead.ipynb"
-LAB = ROOT / "labs" / "lab06_launch_overhead.ipynb"
+LAB = unsolved(SOLUTION, ROOT / "labs" / "lab06_launch_overhead.ipynb")
 
 
 @pytest.mark.slow
+@pytest.mark.replays_solution
 def test_grading_lab06_unsolved_fails(tmp_path, capsys):
     assert_unsolved_fails(LAB, tmp_path, capsys, todos=4,
                           must_not_pass=("measured", "prediction", "diagnosis", "wrong-lever-bound",

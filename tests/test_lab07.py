@@ -18,18 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake
+from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 from nanoserve.course import grading, lab07
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab07_precision.ipynb"
-LAB = ROOT / "labs" / "lab07_precision.ipynb"
+LAB = unsolved(SOLUTION, ROOT / "labs" / "lab07_precision.ipynb")
 CHECKS = ("measured", "diagnosis-chat", "diagnosis-scoring", "prediction-chat", "prediction-scoring",
           "same-scores", "prediction-right", "right-beats-wrong")
 SCORING_SOLUTION = 'predicted_scoring = grading.amdahl(min(1.0, s_parts["linears"] / s_parts["forward"]), local_scoring)'
 
 
 @pytest.mark.slow
+@pytest.mark.replays_solution
 def test_grading_lab07_unsolved_fails(tmp_path, capsys):
     assert_unsolved_fails(LAB, tmp_path, capsys, todos=4,
                           must_not_pass=("measured", "diagnosis-chat", "diagnosis-scoring", "prediction-chat",

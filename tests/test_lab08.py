@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from lab_grading import assert_unsolved_fails, assert_mistake_fails, mistake
+from lab_grading import assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "lab08_communication.ipynb"
-LAB = ROOT / "labs" / "lab08_communication.ipynb"
+LAB = unsolved(SOLUTION, ROOT / "labs" / "lab08_communication.ipynb")
 
 
 @pytest.mark.slow
+@pytest.mark.replays_solution
 def test_grading_lab08_unsolved_fails(tmp_path, capsys):
     assert_unsolved_fails(LAB, tmp_path, capsys, todos=4,
                           must_not_pass=("measured", "prediction", "diagnosis", "wrong-lever-bound",

@@ -22,12 +22,14 @@ import nbformat
 import pytest
 
 from nanoserve.course import grade, grading
+import lab_grading
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 FIXTURE_SOLUTION = TESTS / "fixtures" / "solutions" / "lab00_example.ipynb"
 FIXTURE_LAB = TESTS / "fixtures" / "labs" / "lab00_example.ipynb"
 CELL_TIMEOUT_S = 120
+lab_grading.unsolved(FIXTURE_SOLUTION, FIXTURE_LAB)   # its replay in nbval's run of the solution is tested below
 
 
 def _graded_elsewhere(lab: Path) -> bool:
@@ -74,6 +76,22 @@ def test_grading_an_unsolved_lab_fails(tmp_path, capsys):
     assert out.count("not implemented: NotImplementedError: TODO:") == 3
     assert re.search(r"FAIL\s+cell \d+ \(TODO\)", out)
     assert re.search(r"\d+ passed, \d+ failed", out)
+
+
+@pytest.mark.replays_solution
+def test_a_lab_replayed_in_its_solutions_kernel_grades_as_the_graders_run_of_it(tmp_path):
+    """The unsolved labs' tests grade the replay of the lab in nbval's run of its solution (tests/lab_grading.py):
+    here the fixture lab both ways, with the same checks, verdicts and errors."""
+    replayed = lab_grading.UNSOLVED_RUNS.get(FIXTURE_LAB.name)
+    if replayed is None:
+        pytest.skip("nbval did not run the fixture solution in this session: nothing was replayed")
+    lab = tmp_path / FIXTURE_LAB.name
+    shutil.copy(FIXTURE_LAB, lab)
+    ran = grade.grade(lab).checks
+    verdicts = [(c.name, c.passed, c.detail if c.name.startswith("cell ") else None) for c in ran]
+    assert [(c.name, c.passed, c.detail if c.name.startswith("cell ") else None)
+            for c in grade.collect_checks(replayed)] == verdicts
+    assert sum(c.detail.startswith("not implemented") for c in ran) == 3
 
 
 def test_grading_the_solution_passes():
@@ -314,3 +332,32 @@ def test_a_mistake_replays_only_the_cells_its_edits_can_change(tmp_path):
     nbformat.write(nb, str(path))
     kept, run = replay_plan(path, [("2 * x", "3 * x")], through="c")
     assert kept == ["x = measure()"] and len(run) == 5
+
+
+def test_a_cells_names_leave_out_what_its_functions_and_comprehensions_bind_for_themselves():
+    from lab_grading import _names
+    reads, binds = _names("def f(a):\n    y = a + z\n    return y\nq = [c for c in r]\ng = lambda b: b\nk[1] = 2")
+    assert binds == {"f", "q", "g", "k"}             # y, c: the function's and the comprehension's own
+    assert {"z", "r", "k"} <= reads
+
+
+def test_an_unsolved_lab_replays_its_todo_cells_and_what_reads_them(tmp_path):
+    from lab_grading import unsolved_plan
+    solution = ["x = setup()",
+                "### BEGIN SOLUTION\nanswer = 2 * x\n### END SOLUTION",   # the TODO: runs (its stub)
+                "t = {c: measure(c) for c in x}",                          # a given measurement: kept
+                "ratio = answer / len(t)",                                 # reads the answer: runs
+                "u = slow()",                                              # binds what a later cell binds: runs
+                "u = u + 1\ngrading.check('c', ratio > 1)"]
+    lab = list(solution)
+    lab[1] = 'raise NotImplementedError("TODO: answer")'
+    paths = []
+    for name, cells in (("solution", solution), ("lab", lab)):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        if name == "lab":
+            nb.cells[1].metadata["tags"] = [grade.TODO_TAG]
+        paths.append(tmp_path / f"{name}.ipynb")
+        nbformat.write(nb, str(paths[-1]))
+    plan = unsolved_plan(*paths)
+    assert [(i, run) for i, run, _ in plan] == [(1, True), (2, False), (3, True), (4, True), (5, True)]
+    assert plan[1][2] == {"t"}                        # the kept cell's names come from the solution's run

@@ -110,6 +110,13 @@ def _checks_in_cell(index: int, cell) -> list[CheckResult]:
     return found
 
 
+def collect_checks(nb) -> list[CheckResult]:
+    """The checks of an executed notebook, in cell order: each PASS/FAIL line its cells printed, and one failed
+    check per cell that raised (a TODO cell's stub reads "not implemented")."""
+    return [check for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for check in _checks_in_cell(index, cell)]
+
+
 def grade(path: str | Path, timeout: float = 120.0, save: str | Path | None = None) -> Report:
     """Execute the notebook at `path` and collect its checks (cells numbered from 0, all cell types)."""
     path = Path(path).resolve()
@@ -127,9 +134,7 @@ def grade(path: str | Path, timeout: float = 120.0, save: str | Path | None = No
     except Exception as exc:  # the kernel died or could not be interrupted: grade what ran
         aborted = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     report.seconds = time.perf_counter() - start
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            report.checks.extend(_checks_in_cell(index, cell))
+    report.checks.extend(collect_checks(nb))
     if aborted is not None:
         report.checks.append(CheckResult("run", False, f"the notebook did not run to the end: {aborted}"))
     if save is not None:
