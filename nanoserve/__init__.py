@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import pkgutil
 
+from nanoserve.engine.args import EngineArgs
 from nanoserve.llm import LLM, CompletionOutput, RequestOutput
 from nanoserve.models.shipped import COURSE_DRAFT_MODEL, COURSE_MODEL
 from nanoserve.sampling import SamplingParams
@@ -27,4 +28,4 @@ def __dir__():
     return sorted(set(globals()) | {m.name for m in pkgutil.iter_modules(__path__)})
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "COURSE_MODEL", "COURSE_DRAFT_MODEL", "perf"]
+__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "COURSE_MODEL", "COURSE_DRAFT_MODEL", "perf"]

@@ -6,28 +6,19 @@ import sys
 
 
 def generate(argv) -> None:
-    from nanoserve import LLM, SamplingParams
+    from nanoserve import LLM, EngineArgs, SamplingParams
     ap = argparse.ArgumentParser(prog="nanoserve generate", description="Complete prompts with a model.")
     ap.add_argument("prompts", nargs="+", help="prompt texts (use $'...' in bash for newlines)")
-    ap.add_argument("--model", default=None, help="Hugging Face-format directory (default: the course model)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=-1)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--compilation", choices=["eager", "compile", "cudagraph"], default=None,
-                    help="how decode steps run (default: cudagraph on CUDA, eager on a CPU)")
-    ap.add_argument("--enforce-eager", action="store_true", help="eager, whatever --compilation says (vLLM's flag)")
-    ap.add_argument("--quantization", default=None,
-                    help="weight-only quantization: int8, int4 (group 128) or int4-g32/-g64/-g128/-g256")
+    EngineArgs.add_cli_args(ap)   # --model, --device, --dtype, --seed, --compilation, --quantization, ...
     args = ap.parse_args(argv)
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens, seed=args.seed)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, compilation=args.compilation,
-                  enforce_eager=args.enforce_eager, quantization=args.quantization)
+                                max_tokens=args.max_tokens)
+        llm = LLM(**EngineArgs.from_cli_args(args).kwargs())
         outs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, TypeError, FileNotFoundError) as e:
         sys.exit(f"nanoserve generate: {e}")

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from nanoserve import models, tokenizer as tokenizer_mod
-from nanoserve.engine import EngineConfig, LLMEngine
+from nanoserve.engine import EngineArgs, EngineConfig, LLMEngine
 from nanoserve.engine.model_runner import profile_activation_peak
 from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.attention import PagedKVCache
@@ -18,104 +18,78 @@ from nanoserve.sampling import SamplingParams
 
 
 class LLM:
-    """An offline engine over one model.
+    """An offline engine over one model: `LLM(model=None, **engine_args)`.
 
-    model: None (the shipped course model) or a Hugging Face-format directory.
-    device: "auto" | "cpu" | "cuda"; dtype: "auto" | "float32" | "bfloat16" | "float16" | torch.dtype.
-    max_num_seqs: sequences decoded together; max_num_batched_tokens: tokens per step;
-    max_model_len: prompt + output tokens per sequence (default: the model's, capped at 2048 and at the pool).
-    block_size: token positions per KV block; num_kv_blocks: the pool, or None to size it from memory
-    (`kv_pool_size`); enable_prefix_caching: reuse the KV blocks of a shared prompt prefix.
-    kv_cache_memory: bytes for the pool on a CPU (default: enough for max_num_seqs full-length sequences,
-    at most 1 GiB); gpu_memory_utilization: the fraction of the GPU's memory this engine may use in all
-    (weights, the activations of its largest step, measured, and the pool: see kv_pool_size).
-    scheduling: "continuous" (default) or "static", the baseline chapter 03 compares against.
-    tensor_parallel_size: shard the model over N ranks (chapter 08). In a plain process this LLM is rank 0
-    and starts ranks 1..N-1 itself; under torchrun or accelerate launch every rank builds its LLM with the
-    same arguments and calls generate, and every rank gets the outputs. Call `shutdown()` (or use
-    `with LLM(...) as llm:`) to stop the workers before building another tensor-parallel LLM.
-    compilation: how decode steps run (chapter 06): "eager"; "compile", padded to batch buckets and run
-    through torch.compile, one graph per bucket, compiled on first use; "cudagraph" (CUDA only), one CUDA
-    graph per bucket, captured when the LLM is built, replayed each step. Default: "cudagraph" on CUDA,
-    "eager" on a CPU and with tensor parallelism. enforce_eager=True (vLLM's name) means "eager".
-    quantization: None, "int8" or "int4" ("int4-g32" / -g64 / -g128 / -g256 name the group size; "int4" is
-    group 128): every linear layer's weight stored in 8 or 4 bits at load time (chapter 07, `nanoserve.quant`);
-    `metrics()["weight_bytes"]` reports what the weights take.
-    speculative_config: None, or vLLM's dict (chapter 10, `nanoserve.spec`): {"method": "ngram",
-    "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4} or {"method": "draft_model",
-    "model": DIR, "num_speculative_tokens": k}; the output is exactly the target's (greedy: the same tokens);
-    `metrics()` adds spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens, _per_pos.
+    model: None (the shipped course model) or a Hugging Face-format directory. Every keyword argument is a
+    field of `EngineArgs` (nanoserve/engine/args.py), where each is documented once, with its default; the
+    command line and the server take the same options as flags. The ones a chapter introduces:
+    max_num_seqs, max_num_batched_tokens, block_size (03), num_kv_blocks, enable_prefix_caching,
+    kv_cache_memory, gpu_memory_utilization (04), compilation, enforce_eager (06), quantization (07),
+    tensor_parallel_size (08), speculative_config (10).
+
+    With tensor_parallel_size=N in a plain process this LLM is rank 0 and starts ranks 1..N-1 itself; under
+    torchrun or accelerate launch every rank builds its LLM with the same arguments and calls generate, and
+    every rank gets the outputs. Call `shutdown()` (or use `with LLM(...) as llm:`) to stop the workers before
+    building another tensor-parallel LLM. With a speculative_config the output is exactly the target's (greedy:
+    the same tokens), and `metrics()` adds spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
+    _per_pos; with a quantization, `metrics()["weight_bytes"]` reports what the weights take.
     """
 
-    def __init__(self, model: str | None = None, device="auto", dtype="auto", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 scheduling: str = "continuous", tensor_parallel_size: int = 1, compilation: str | None = None,
-                 enforce_eager: bool = False, quantization: str | None = None, speculative_config: dict | None = None):
+    def __init__(self, model: str | None = None, **engine_args):
+        args = self.args = EngineArgs.of(dict(engine_args, model=model)).validate()   # before anything loads
         from nanoserve.models.shipped import COURSE_MODEL
-        path = COURSE_MODEL if model is None else model
-        dev = resolve_device(device)
+        path = COURSE_MODEL if args.model is None else args.model
+        dev = resolve_device(args.device)
         from nanoserve.engine.compiled_decode import resolve_mode
-        # a ValueError before anything loads
-        compilation = resolve_mode(compilation, enforce_eager, dev, sharded=tensor_parallel_size != 1)
+        sharded = args.tensor_parallel_size != 1
+        compilation = resolve_mode(args.compilation, args.enforce_eager, dev, sharded=sharded)
         from nanoserve import quant, spec
-        scheme = quant.QuantScheme.parse(quantization)
-        spec_config = spec.SpeculativeConfig.parse(speculative_config)
-        if spec_config is not None and tensor_parallel_size != 1:
-            raise ValueError(f"speculative_config with tensor_parallel_size = {tensor_parallel_size}: "
-                             f"speculation runs in one process for now")
-        if scheme is not None and tensor_parallel_size != 1:
-            raise ValueError(f"quantization = {quantization!r} with tensor_parallel_size = {tensor_parallel_size}: "
-                             f"a sharded engine loads full-precision weights for now")
-        if compilation != "eager" and tensor_parallel_size != 1:
-            raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {tensor_parallel_size}: "
+        scheme = quant.QuantScheme.parse(args.quantization)
+        spec_config = spec.SpeculativeConfig.parse(args.speculative_config)
+        if compilation != "eager" and sharded:
+            raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {args.tensor_parallel_size}: "
                              f"a sharded engine runs eager for now")
         self.tp = None
-        if type(tensor_parallel_size) is not int or tensor_parallel_size != 1:   # checked before any process starts
-            from nanoserve import distributed
-            full_cfg = models.ModelConfig.from_path(path)
-            distributed.check_tensor_parallel_size(full_cfg, tensor_parallel_size, dev)
-        if tensor_parallel_size > 1:
+        if sharded:   # checked against the model, then the ranks start (or join a launched group)
             from nanoserve.distributed import runtime
-            self.tp = runtime.start(path, full_cfg, tensor_parallel_size, dev, models.loader.resolve_dtype(dtype, dev))
+            self.tp = runtime.start_ranks(path, args.tensor_parallel_size, dev, args.dtype)
             self.model, dev = self.tp.model, self.tp.device
             weakref.finalize(self, self.tp.shutdown)   # at exit, or when this LLM is dropped, if shutdown() was not called
         else:
-            self.model = models.load(path, device=dev, dtype=dtype)
+            self.model = models.load(path, device=dev, dtype=args.dtype)
             quant.quantize_model(self.model, scheme)
         self.tokenizer = tokenizer_mod.load(path)
         cfg = self.model.config
-        if max_model_len is not None and max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len = {max_model_len} exceeds the model's max_position_embeddings "
+        if args.max_model_len is not None and args.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len = {args.max_model_len} exceeds the model's max_position_embeddings "
                              f"({cfg.max_position_embeddings})")
-        EngineConfig.check_positive(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                    block_size=block_size)
-        wanted_len = max_model_len or min(cfg.max_position_embeddings, 2048)
+        wanted_len = args.max_model_len or min(cfg.max_position_embeddings, 2048)
         if self.tp is not None and self.tp.rank > 0:   # a launched worker: rank 0 sizes the pool and schedules
             self.engine = None
             self.tp.serve()
             return
+        num_kv_blocks, max_model_len = args.num_kv_blocks, args.max_model_len
         if num_kv_blocks is None:
-            if self.tp is not None and kv_cache_memory is None:
-                self.tp.share_activation_peak(max_num_batched_tokens, max_num_seqs)
+            if self.tp is not None and args.kv_cache_memory is None:
+                self.tp.share_activation_peak(args.max_num_batched_tokens, args.max_num_seqs)
             num_kv_blocks, self.kv_pool_source, self.activation_peak_bytes = kv_pool_size(
-                self.model, block_size, max_num_seqs, wanted_len, kv_cache_memory, gpu_memory_utilization,
-                max_num_batched_tokens)
+                self.model, args.block_size, args.max_num_seqs, wanted_len, args.kv_cache_memory,
+                args.gpu_memory_utilization, args.max_num_batched_tokens)
         else:
             self.kv_pool_source, self.activation_peak_bytes = "num_kv_blocks", None
         if max_model_len is None:   # by default a sequence may grow as long as the pool (or the model) allows
-            max_model_len = min(wanted_len, num_kv_blocks * block_size)
-        torch.manual_seed(seed)
+            max_model_len = min(wanted_len, num_kv_blocks * args.block_size)
+        torch.manual_seed(args.seed)
         self._request_ids = itertools.count()
         config = EngineConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching, seed=seed, scheduling=scheduling, compilation=compilation)
-        runner = None if self.tp is None else self.tp.runner(num_kv_blocks, block_size, seed)
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=max_model_len, num_kv_blocks=num_kv_blocks, block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, scheduling=args.scheduling,
+            compilation=compilation)
+        runner = None if self.tp is None else self.tp.runner(num_kv_blocks, args.block_size, args.seed)
         decoder = None if spec_config is None else spec.build(
-            spec_config, self.model, dev, dtype, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-            max_model_len, seed)
+            spec_config, self.model, dev, args.dtype, num_kv_blocks, args.block_size, args.max_num_seqs,
+            args.max_num_batched_tokens, max_model_len, args.seed)
         self.engine = LLMEngine(self.model, self.tokenizer, config, runner, decoder)
 
     def shutdown(self) -> None:

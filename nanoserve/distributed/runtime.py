@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 from nanoserve.distributed.group import Group, Stop, cpu_threads, join_launched, launched_world, rank_device, spawn_workers
 from nanoserve.distributed.loader import load_shard
-from nanoserve.distributed.sharding import ShardPlan
+from nanoserve.distributed.sharding import ShardPlan, check_tensor_parallel_size
 from nanoserve.distributed.worker import ProfilePeak, TensorParallelRunner, Worker, receive_broadcast
 from nanoserve.models.config import ModelConfig
+from nanoserve.models.loader import resolve_dtype
 
 
 @dataclass
@@ -76,6 +77,14 @@ class TensorParallel:
         if self.threads_before is not None:
             torch.set_num_threads(self.threads_before)
             self.threads_before = None
+
+
+def start_ranks(path: str, world_size, device: torch.device, dtype) -> TensorParallel:
+    """What `LLM(tensor_parallel_size=N)` calls: check N against the model and the machine before any process
+    starts, then start the ranks (or join the launched group)."""
+    cfg = ModelConfig.from_path(path)
+    check_tensor_parallel_size(cfg, world_size, device)
+    return start(path, cfg, world_size, device, resolve_dtype(dtype, device))
 
 
 def start(path: str, cfg: ModelConfig, world_size: int, device: torch.device, dtype: torch.dtype) -> TensorParallel:

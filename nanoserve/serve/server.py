@@ -10,38 +10,22 @@ running then is cancelled (its KV blocks freed), the engine loop stops, and the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
+
+from nanoserve.engine.args import EngineArgs
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="nanoserve serve", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--model", default=None, help="Hugging Face-format directory (default: the course model)")
     ap.add_argument("--served-model-name", default=None,
                     help="the name clients use in 'model' (default: 'course' for the course model, else the directory's name)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
-                    help="the KV pool's size in blocks (vLLM's flag; on a CPU too)")
-    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    ap.add_argument("--quantization", default=None, help="int8, int4, int4-g32/-g64/-g128/-g256")
-    ap.add_argument("--compilation", choices=["eager", "compile", "cudagraph"], default=None)
-    ap.add_argument("--enforce-eager", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--speculative-config", type=json.loads, default=None,
-                    help='speculative decoding, as JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                         'or \'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}\'')
+    EngineArgs.add_cli_args(ap)   # the engine's options: --model, --max-num-seqs, --dtype, ... (nanoserve/engine/args.py)
     ap.add_argument("--max-queued-requests", type=int, default=None,
                     help="requests waiting beyond the running batch before new ones get 429 (default: no bound)")
     ap.add_argument("--max-queued-prompt-tokens", type=int, default=None,
@@ -62,12 +46,7 @@ def build(args):
     from nanoserve.serve.app import build_app
     from nanoserve.serve.chat import ChatTemplate
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-              enable_prefix_caching=args.enable_prefix_caching, gpu_memory_utilization=args.gpu_memory_utilization,
-              seed=args.seed, compilation=args.compilation, enforce_eager=args.enforce_eager,
-              quantization=args.quantization, speculative_config=args.speculative_config)
+    llm = LLM(**EngineArgs.from_cli_args(args).kwargs())
     path = COURSE_MODEL if args.model is None else args.model
     name = args.served_model_name or ("course" if args.model is None else Path(args.model).name)
     front = AsyncLLMEngine(llm.engine, args.max_queued_requests, args.max_queued_prompt_tokens)
