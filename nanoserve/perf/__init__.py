@@ -1,54 +1,30 @@
 """Measuring: timing, peak memory, hardware ceilings, the roofline, the profiler, collectives; and, for the
 course's notebooks, `device` and `sync` (they live in `nanoserve.device`, which the engine imports instead).
 
-Every other name here loads its module on first use (PEP 562).
+The engine never imports this package, so it loads all of it at once (a few milliseconds after torch).
+`perf.profile` and `perf.roofline` are functions named like the modules that define them: importing the
+modules first and the functions after leaves the functions as the package's attributes.
 """
-import importlib
-import sys
-import types
-
 from nanoserve.device import device, sync
+from nanoserve.perf.comm import (AlphaBeta, CollectiveSweep, bus_bandwidth, collective_time, fit_alpha_beta,
+                                 measure_collective, plot_collective, ring_allgather_time, ring_allreduce_time,
+                                 ring_reduce_scatter_time)
+from nanoserve.perf.decode import DecodeTimer, interleaved_decode
+from nanoserve.perf.dispatch import count_ops, dispatch_cost
+from nanoserve.perf.hardware import (HARDWARE, INTERCONNECTS, Hardware, Interconnect, KernelCeiling, kernel_ceiling,
+                                     measure_ceilings)
+from nanoserve.perf.memory import (ChildPeak, PeakMemory, child_peak_rss, device_peak_bytes, keep_freed_memory,
+                                   peak_memory, peak_rss_bytes)
+from nanoserve.perf.profile import OpStat, Profile, profile, region
+from nanoserve.perf.roofline import Roofline, plot_roofline, roofline
+from nanoserve.perf.timing import Timing, format_seconds, timeit
+from nanoserve.perf.trace import Event
 
-_LAZY = {   # name -> the module of nanoserve.perf that defines it
-    "AlphaBeta": "comm", "CollectiveSweep": "comm", "bus_bandwidth": "comm", "collective_time": "comm",
-    "fit_alpha_beta": "comm", "measure_collective": "comm", "plot_collective": "comm",
-    "ring_allgather_time": "comm", "ring_allreduce_time": "comm", "ring_reduce_scatter_time": "comm",
-    "HARDWARE": "hardware", "Hardware": "hardware", "INTERCONNECTS": "hardware", "Interconnect": "hardware",
-    "measure_ceilings": "hardware", "KernelCeiling": "hardware", "kernel_ceiling": "hardware",
-    "count_ops": "dispatch", "dispatch_cost": "dispatch",
-    "DecodeTimer": "decode", "interleaved_decode": "decode",
-    "ChildPeak": "memory", "PeakMemory": "memory", "child_peak_rss": "memory", "device_peak_bytes": "memory",
-    "keep_freed_memory": "memory",
-    "peak_memory": "memory", "peak_rss_bytes": "memory",
-    "OpStat": "profile", "Profile": "profile", "profile": "profile", "region": "profile",
-    "Roofline": "roofline", "plot_roofline": "roofline", "roofline": "roofline",
-    "Timing": "timing", "format_seconds": "timing", "timeit": "timing",
-    "Event": "trace",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    # perf.profile and perf.roofline are functions that share their module's name. Importing a submodule
-    # sets it as an attribute of its package, which would hide the function; here the function wins.
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
-            return   # perf.<name> stays (or becomes, through __getattr__) the function
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-__all__ = ["device", "sync", *_LAZY]
+__all__ = ["device", "sync",
+           "AlphaBeta", "CollectiveSweep", "bus_bandwidth", "collective_time", "fit_alpha_beta", "measure_collective",
+           "plot_collective", "ring_allgather_time", "ring_allreduce_time", "ring_reduce_scatter_time",
+           "DecodeTimer", "interleaved_decode", "count_ops", "dispatch_cost",
+           "HARDWARE", "INTERCONNECTS", "Hardware", "Interconnect", "KernelCeiling", "kernel_ceiling", "measure_ceilings",
+           "ChildPeak", "PeakMemory", "child_peak_rss", "device_peak_bytes", "keep_freed_memory", "peak_memory",
+           "peak_rss_bytes", "OpStat", "Profile", "profile", "region", "Roofline", "plot_roofline", "roofline",
+           "Timing", "format_seconds", "timeit", "Event"]
