@@ -69,6 +69,26 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def probs(logits: torch.Tensor, params: SamplingParams | list[SamplingParams]) -> torch.Tensor:
+    """The distribution each row of logits [B, V] (fp32) is drawn from: temperature, then top-k and top-p, then
+    softmax. params: one for every row, or one per row; a greedy row is a point mass on its argmax. Sampling,
+    speculative verification and the draft model all read their distributions here."""
+    rows = [params] * logits.shape[0] if isinstance(params, SamplingParams) else list(params)
+    if len(rows) != logits.shape[0]:
+        raise ValueError(f"probs: {logits.shape[0]} rows of logits but {len(rows)} SamplingParams")
+    dev = logits.device
+    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in rows], device=dev)
+    scaled = logits / temp[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in rows):
+        scaled = filter_logits(scaled, torch.tensor([p.top_k for p in rows], device=dev),
+                               torch.tensor([p.top_p for p in rows], device=dev))
+    out = scaled.softmax(-1)
+    greedy = [i for i, p in enumerate(rows) if p.greedy]
+    if greedy:
+        out[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(-1), logits.shape[-1]).to(out.dtype)
+    return out
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None] | None = None,
            default_generator: torch.Generator | None = None) -> torch.Tensor:
@@ -80,22 +100,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     if all(p.greedy for p in params):
         return greedy_tokens
     dev = logits.device
-    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
-    logits = logits / temp[:, None]
-    if any(p.top_k > 0 or p.top_p < 1 for p in params):
-        logits = filter_logits(logits, torch.tensor([p.top_k for p in params], device=dev),
-                               torch.tensor([p.top_p for p in params], device=dev))
-    probs = logits.softmax(-1)
+    p = probs(logits, params)
     # Draw via the exponential race: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i.
-    noise = torch.empty_like(probs)
+    noise = torch.empty_like(p)
     generators = generators or [None] * B
     shared = [i for i in range(B) if generators[i] is None]
     if shared:
-        noise[shared] = torch.empty(len(shared), probs.shape[1], device=dev).exponential_(generator=default_generator)
+        noise[shared] = torch.empty(len(shared), p.shape[1], device=dev).exponential_(generator=default_generator)
     for i, g in enumerate(generators):
         if g is not None:
-            noise[i] = torch.empty(probs.shape[1], device=dev).exponential_(generator=g)
+            noise[i] = torch.empty(p.shape[1], device=dev).exponential_(generator=g)
     # a draw of exactly 0 would make p / 0 = inf, or nan for a filtered token (0 / 0): keep E > 0
-    sampled = (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(-1)
-    is_greedy = torch.tensor([p.greedy for p in params], device=dev)
+    sampled = (p / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(-1)
+    is_greedy = torch.tensor([q.greedy for q in params], device=dev)
     return torch.where(is_greedy, greedy_tokens, sampled)

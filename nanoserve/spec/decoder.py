@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from nanoserve.engine.model_runner import StepPlan
-from nanoserve.sampling import sample
+from nanoserve.sampling import probs, sample
 from nanoserve.spec.proposers import Proposer
-from nanoserve.spec.verify import probs, verify
+from nanoserve.spec.verify import verify
 
 
 class SpeculativeDecoder:

@@ -14,7 +14,7 @@ import torch
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.model_runner import ModelRunner, StepPlan
 from nanoserve.engine.sequence import Sequence
-from nanoserve.spec.verify import probs
+from nanoserve.sampling import probs
 
 
 class Proposer:

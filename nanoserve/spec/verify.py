@@ -17,20 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from nanoserve.sampling import SamplingParams, filter_logits
-
-
-def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a request samples from, for each row of logits [n, V] (fp32): temperature, top-k,
-    top-p applied as `sampling.sample` applies them. Greedy: a point mass on the argmax."""
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
-    if params.top_k > 0 or params.top_p < 1:
-        n = logits.shape[0]
-        logits = filter_logits(logits, torch.full((n,), params.top_k, device=logits.device),
-                               torch.full((n,), params.top_p, device=logits.device))
-    return logits.softmax(-1)
+from nanoserve.sampling import SamplingParams
 
 
 def _draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
