@@ -17,9 +17,10 @@ import pytest
 # before any real lab exists. Its solution notebook is collected by nbval like any solution, once,
 # through testpaths (`pytest tests/fixtures/solutions/lab00_example.ipynb` runs it alone). The
 # generated fixture lab is not: like labs/, it stops at its TODO stubs and has no outputs to compare;
-# tests/test_labs.py runs it.
+# tests/course/test_labs.py runs it.
 collect_ignore_glob = ["tests/fixtures/labs/*",
-                       # exercise notebooks print PASS/FAIL checks, not outputs to compare: tests/test_exercises.py
+                       # exercise notebooks print PASS/FAIL checks, not outputs to compare:
+                       # tests/course/test_exercises.py
                        # grades each solution (every check passes) and its generated copy (every check fails)
                        "solutions/ex[0-9]*.ipynb"]
 
@@ -37,7 +38,7 @@ def _is_nbval_cell(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A lab's mistake tests read what conftest replays in nbval's run of its solution (tests/lab_grading.py):
+    # A lab's mistake tests read what conftest replays in nbval's run of its solution (tests/support/lab_grading.py):
     # they run after the notebooks.
     replays = [item for item in items if item.get_closest_marker("replays_solution")]
     if replays:
@@ -108,7 +109,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
                       f"(not counted above)")
 
 
-# --- learners' runs replayed in nbval's run of a lab solution (tests/lab_grading.py): each registered mistake
+# --- learners' runs replayed in nbval's run of a lab solution (tests/support/lab_grading.py): each registered mistake
 # after the cell printing its check, and the untouched lab after the last cell ----------------------------
 _cells_run: dict[str, list[tuple[str, str]]] = defaultdict(list)   # notebook -> (source, printed text) per cell
 _REPLAY_TIMEOUT_S = 300
@@ -160,7 +161,7 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def _replay_unsolved(item, lab_grading, lab, nb, code, first) -> None:
-    """After the solution's last cell: the lab's cells from its first TODO on (tests/lab_grading.py)."""
+    """After the solution's last cell: the lab's cells from its first TODO on (tests/support/lab_grading.py)."""
     start, kernel, printed = time.perf_counter(), item.parent.kernel, [text for _, text in _cells_run[item.path.name]]
     for cell, text in zip(code[:first], printed):
         lab_grading.fill_outputs(cell, text)

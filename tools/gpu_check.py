@@ -40,7 +40,7 @@ MIN_STEP_S = 15         # a step with less time than this left is skipped, not s
 
 def gpu_test_files() -> list[str]:
     """The test files with a `gpu`-marked test, relative to the repository."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
 
 
 def steps(out: Path) -> list[tuple[str, list[str], int]]:

@@ -13,7 +13,7 @@ import torch
 from nanoserve.course import grade
 from nanoserve.course.exercises import check, first_mismatch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = sorted((ROOT / "solutions").glob("ex[0-9]*.ipynb"))
 BUDGET_S = 60.0
 

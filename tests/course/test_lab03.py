@@ -6,7 +6,7 @@
 - a learner who names the model (compute) as the bound fails the diagnosis: the check reads their own
   profile; one who bounds the faster model by the data share instead of the model's fails that check.
 
-`tests/test_labs.py` also runs labs/lab03_data_pipeline.ipynb up to its stubs, and nbval re-runs the solution.
+nbval re-runs the solution, and the untouched lab is replayed in that run (tests/support/lab_grading.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "lab03_data_pipeline.ipynb"
 LAB = unsolved(SOLUTION, ROOT / "labs" / "lab03_data_pipeline.ipynb")
 CHECKS = ("measured", "prediction", "diagnosis", "wrong-lever-bound", "wrong-lever-under-bound",

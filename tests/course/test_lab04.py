@@ -8,7 +8,7 @@
 - a learner who sizes the pool without counting the shared header once (32 x 10 blocks with prefix caching
   on) gets every speed check but fails pool-size: the check rewards the smaller, correct arithmetic.
 
-The mistakes are replayed in nbval's run of the solution (tests/lab_grading.py), on its own measurements.
+The mistakes are replayed in nbval's run of the solution (tests/support/lab_grading.py), on its own measurements.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "lab04_kv_memory.ipynb"
 LAB = unsolved(SOLUTION, ROOT / "labs" / "lab04_kv_memory.ipynb")
 CHECKS = ("measured", "prediction", "diagnosis", "preemptions-quoted", "wrong-lever-bound", "wrong-lever-under-bound",

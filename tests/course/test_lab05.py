@@ -8,7 +8,7 @@
   of the share the lever touches fails that check. (The matmuls' profiled share is no such mistake: it is
   another estimate of the same share, and on some runs it lands within the check's 2% of the fit's.)
 
-`tests/test_labs.py` also runs labs/lab05_memory_bound_kernels.ipynb up to its stubs, and nbval re-runs the solution.
+nbval re-runs the solution, and the untouched lab is replayed in that run (tests/support/lab_grading.py).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "lab05_memory_bound_kernels.ipynb"
 LAB = unsolved(SOLUTION, ROOT / "labs" / "lab05_memory_bound_kernels.ipynb")
 CHECKS = ("measured", "prediction", "diagnosis", "wrong-lever-bound", "wrong-lever-under-bound",

@@ -16,7 +16,7 @@ import pytest
 
 from lab_grading import assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "lab06_launch_overhead.ipynb"
 LAB = unsolved(SOLUTION, ROOT / "labs" / "lab06_launch_overhead.ipynb")
 

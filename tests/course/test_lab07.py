@@ -21,7 +21,7 @@ import pytest
 from lab_grading import assert_solution_passes, assert_unsolved_fails, assert_mistake_fails, mistake, unsolved
 from nanoserve.course import grading, lab07
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "lab07_precision.ipynb"
 LAB = unsolved(SOLUTION, ROOT / "labs" / "lab07_precision.ipynb")
 CHECKS = ("measured", "diagnosis-chat", "diagnosis-scoring", "prediction-chat", "prediction-scoring",

@@ -5,7 +5,7 @@
   stop at its stub's NotImplementedError. Cells after the first TODO may fail (they use what the
   learner has not written yet) and are not judged. So: a lab author must put each stub before any use
   of names that earlier stubs would define, and the learner meets "TODO: ..." rather than a NameError.
-  A lab with its own grading test (tests/test_labNN.py, `lab_grading.assert_unsolved_fails`) is checked
+  A lab with its own grading test (tests/course/test_labNN.py, `lab_grading.assert_unsolved_fails`) is checked
   there, from the grader's run of the same lab: each lab runs once for both (a minute a lab on 2 cores).
 - `python -m nanoserve.course.grade` fails an unsolved lab and passes its solution.
 - conftest.py (repo root) and tests/nbval_sanitize.cfg: what nbval compares, and what it hides.
@@ -24,8 +24,8 @@ import pytest
 from nanoserve.course import grade, grading
 import lab_grading
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
 FIXTURE_SOLUTION = TESTS / "fixtures" / "solutions" / "lab00_example.ipynb"
 FIXTURE_LAB = TESTS / "fixtures" / "labs" / "lab00_example.ipynb"
 CELL_TIMEOUT_S = 120
@@ -33,8 +33,8 @@ lab_grading.unsolved(FIXTURE_SOLUTION, FIXTURE_LAB)   # its replay in nbval's ru
 
 
 def _graded_elsewhere(lab: Path) -> bool:
-    """True when tests/test_labNN.py runs this lab through `assert_unsolved_fails` (which checks its stubs)."""
-    test = TESTS / f"test_{lab.name.split('_')[0]}.py"
+    """True when tests/course/test_labNN.py runs this lab through `assert_unsolved_fails` (which checks its stubs)."""
+    test = TESTS / "course" / f"test_{lab.name.split('_')[0]}.py"
     return test.is_file() and "assert_unsolved_fails(LAB" in test.read_text() and lab.name in test.read_text()
 
 
@@ -80,8 +80,8 @@ def test_grading_an_unsolved_lab_fails(tmp_path, capsys):
 
 @pytest.mark.replays_solution
 def test_a_lab_replayed_in_its_solutions_kernel_grades_as_the_graders_run_of_it(tmp_path):
-    """The unsolved labs' tests grade the replay of the lab in nbval's run of its solution (tests/lab_grading.py):
-    here the fixture lab both ways, with the same checks, verdicts and errors."""
+    """The unsolved labs' tests grade the replay of the lab in nbval's run of its solution
+    (tests/support/lab_grading.py): here the fixture lab both ways, with the same checks, verdicts and errors."""
     replayed = lab_grading.UNSOLVED_RUNS.get(FIXTURE_LAB.name)
     if replayed is None:
         pytest.skip("nbval did not run the fixture solution in this session: nothing was replayed")

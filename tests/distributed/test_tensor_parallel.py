@@ -29,7 +29,7 @@ from tiny_models import random_prompts, save_tiny_model
 
 LENGTHS, MAX_TOKENS = [5, 30, 7, 61, 12, 1, 45], [10, 3, 25, 8, 1, 17, 12]
 ENGINE = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=24, block_size=4)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def greedy(llm, prompts, max_tokens):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from nanoserve.sampling import SamplingParams, filter_logits, sample
+from nanoserve.sampling import SamplingParams, filter_logits, probs, sample
 
 
 @pytest.mark.parametrize("field,value", [
@@ -82,3 +82,20 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
 def test_rows_and_params_must_agree():
     with pytest.raises(ValueError, match="3 rows of logits but 2 SamplingParams"):
         sample(logits(b=3), [SamplingParams()] * 2)
+
+
+def test_probs_is_the_distribution_sample_draws_from():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.1, 3.0, 0.2, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    rows = [SamplingParams(temperature=0.5), SamplingParams(temperature=0.0),
+            SamplingParams(temperature=1.0, top_k=2)]
+    p = probs(logits, rows)
+    assert torch.allclose(p[0], (logits[0] / 0.5).softmax(-1))
+    assert p[1].tolist() == [0.0, 1.0, 0.0, 0.0]                       # greedy: a point mass on the argmax
+    assert (p[2] > 0).sum() == 2 and torch.allclose(p[2].sum(), torch.tensor(1.0))
+    assert torch.equal(probs(logits[:1], rows[0]), p[:1])             # one SamplingParams for every row
+    # the sampler draws from exactly these: rows with top-k 2 never leave its two tokens
+    gen = torch.Generator().manual_seed(0)
+    drawn = [int(sample(logits[2:], rows[2:], default_generator=gen)[0]) for _ in range(200)]
+    assert set(drawn) == {i for i in range(4) if p[2, i] > 0}
+    with pytest.raises(ValueError, match="3 rows of logits but 2 SamplingParams"):
+        probs(logits, rows[:2])

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from nanoserve import COURSE_DRAFT_MODEL, COURSE_MODEL, models, tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("path", [COURSE_MODEL, COURSE_DRAFT_MODEL])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("decode_latency", ROOT / "benchmarks" / "decode_latency.py")
 decode_latency = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(decode_latency)

@@ -17,7 +17,7 @@ import torch
 
 from nanoserve import models, quant
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("quantization_benchmark", ROOT / "benchmarks" / "quantization.py")
 bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench   # torch.compile traces the peer's layer, a class of this module: it must be importable

@@ -10,7 +10,7 @@ import nbformat
 
 from nanoserve.course import grade
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def prints_check(text: str, name: str) -> bool:
