@@ -162,17 +162,9 @@ def pytest_runtest_call(item: pytest.Item):
 
 def _replay_unsolved(item, lab_grading, lab, nb, code, first) -> None:
     """After the solution's last cell: the lab's cells from its first TODO on (tests/support/lab_grading.py)."""
-    start, kernel, printed = time.perf_counter(), item.parent.kernel, [text for _, text in _cells_run[item.path.name]]
-    for cell, text in zip(code[:first], printed):
-        lab_grading.fill_outputs(cell, text)
-    _run_in_kernel(kernel, lab_grading.learner_start_code())
-    for i, run, binds in lab_grading.unsolved_plan(item.path, lab):
-        if run:
-            lab_grading.fill_outputs(code[i], _run_in_kernel(kernel, lab_grading.learner_cell_code(code[i].source)))
-        else:   # the solution's own cell, which computed what the learner's would: its output and its names
-            lab_grading.fill_outputs(code[i], printed[i])
-            _run_in_kernel(kernel, lab_grading.learner_keep_code(binds))
-    _run_in_kernel(kernel, lab_grading.learner_end_code())
+    start = time.perf_counter()
+    lab_grading.replay_learner(lambda python: _run_in_kernel(item.parent.kernel, python), item.path, lab, code,
+                               first, [text for _, text in _cells_run[item.path.name]])
     lab_grading.UNSOLVED_RUNS[lab.name] = nb
     _replay_seconds[item.nodeid.split("::", 1)[0]] += time.perf_counter() - start
 

@@ -1,14 +1,19 @@
 """Exercise notebooks: each solution passes every check; its generated copy (labs/) fails every one.
 
-Each exercise notebook runs twice here, in the grader (`nanoserve.course.grade`): the solution, and the
-learner's copy as `tools/make_labs.py` writes it. nbval does not run them (conftest.py): their outputs are
-the check lines this test reads. The twenty runs are graded two at a time (`graded`): their checks are
-about correctness, not speed, and most of a run is one busy thread (starting a kernel, importing torch).
+Each exercise runs once here, in one kernel: the solution, its checks read as the grader (`nanoserve.course.grade`)
+reads them, then the learner's copy as `tools/make_labs.py` writes it, replayed in the same kernel from its first
+TODO cell on (tests/support/lab_grading.py: up to there the copy is the solution). nbval does not run them
+(conftest.py): their outputs are the check lines this test reads. Two exercises run at a time (`graded`): their
+checks are about correctness, not speed, and most of a run is one busy thread (starting a kernel, importing torch).
 """
+import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
+
+import lab_grading
 
 from nanoserve.course import grade
 from nanoserve.course.exercises import check, first_mismatch
@@ -44,13 +49,46 @@ def test_check_reports_a_todo_and_an_error_as_failures(capsys):
     assert out[2] == "PASS right: matches the reference (max |diff| 0.0e+00)"
 
 
+def solution_and_copy(solution: Path) -> tuple[grade.Report, grade.Report]:
+    """The grader's report on an exercise's solution, and on the learner's copy (labs/) replayed in the same
+    kernel after it (tests/support/lab_grading.py): up to its first TODO the copy is the solution, so its run
+    there is the solution's, and from there its cells run on the namespace the solution had at that point."""
+    lab = ROOT / "labs" / solution.name
+    copy, copy_code, first = lab_grading.learner_cells(solution, lab)
+    nb = nbformat.read(str(solution), as_version=4)
+    client = grade.notebook_client(nb, solution, timeout=120)
+
+    def run(python: str) -> str:   # executes in the kernel; returns what it printed
+        nb.cells.append(nbformat.v4.new_code_cell(python))   # nbclient stores an executed cell back at its index
+        cell = client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
+        nb.cells.pop()
+        return "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+
+    start = time.perf_counter()
+    with client.setup_kernel(cleanup_kc=True):   # our kernel manager: nbclient would leave it running
+        code = [(index, cell) for index, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+        for k, (index, cell) in enumerate(code):
+            cell.outputs, cell.execution_count = [], None
+            if k == first:
+                run(lab_grading.snapshot_code())
+            client.execute_cell(cell, index)
+        solved_s = time.perf_counter() - start
+        printed = ["".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout") for _, cell in code]
+        # every cell from the first TODO runs again (keep=False): an exercise's checks reach the learner's code
+        # through the engine too (a patched function), which the names a cell reads do not show
+        lab_grading.replay_learner(run, solution, lab, copy_code, first, printed, keep=False)
+    return (grade.Report(solution, grade.collect_checks(nb), solved_s),
+            grade.Report(lab, grade.collect_checks(copy), time.perf_counter() - start - solved_s))
+
+
 @pytest.fixture(scope="module")
 def graded():
-    """The grader's report on every exercise's solution and learner's copy, two notebooks at a time."""
+    """Every exercise's solution and learner's copy, graded two exercises at a time."""
     from concurrent.futures import ThreadPoolExecutor
-    paths = [path for s in EXERCISES for path in (s, ROOT / "labs" / s.name)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(paths, pool.map(grade.grade, paths)))
+        reports = dict(zip(EXERCISES, pool.map(solution_and_copy, EXERCISES)))
+    return {path: report for solution, pair in reports.items()
+            for path, report in zip((solution, ROOT / "labs" / solution.name), pair)}
 
 
 @pytest.mark.slow

@@ -245,8 +245,8 @@ def graded_mistake(solution: Path, mistake_id: str, tmp_path: Path, capsys) -> t
 # The lab is the solution with each solution region replaced by its stub, so up to its first TODO cell a
 # learner's run computes exactly what the solution's does (the model, the workload, the symptom: half its time).
 # conftest.py keeps the namespace as it is just before the solution's first TODO cell runs, and after the
-# solution's last cell runs the lab's cells from its first TODO on, each on its own, in a copy of that namespace,
-# carrying on past errors as the grader does; their output and errors fill in a copy of the lab, which is then
+# solution's last cell (and its mistakes' replays) puts it back and runs the lab's cells from its first TODO on,
+# each on its own, carrying on past errors as the grader does; their output and errors fill in a copy of the lab, which is then
 # graded like the grader's run of it. Objects made before the first TODO are shared with the solution's run and
 # are as its later cells left them (an engine that has served more requests); names are as the learner's run
 # would have them. Run alone, the unsolved test grades a copy of the lab with the grader.
@@ -280,13 +280,15 @@ def snapshot_code() -> str:
     return f"{SNAPSHOT} = dict(get_ipython().user_ns)\n"
 
 
-def unsolved_plan(solution: Path, lab: Path) -> list[tuple[int, bool, set[str]]]:
+def unsolved_plan(solution: Path, lab: Path, keep: bool = True) -> list[tuple[int, bool, set[str]]]:
     """(code cell index, run it?, the names it binds) for each lab cell from the first TODO on.
 
     A cell runs unless it is the solution's own cell, reads no name that a TODO cell or a cell run before it
     binds, and binds nothing a later cell of the solution binds again: then it computed in the solution's run
     what it would compute in the learner's (a given measurement, seconds), and the names it binds are taken
-    from the solution's namespace as they are after its last cell."""
+    from the solution's namespace as they are after its last cell. The rule sees names, not objects: a cell
+    that reads what a TODO cell changed through an object (a patched module's function) is kept wrongly, and
+    its copied PASS lines then fail the test that reads them; keep=False runs every cell from the first TODO."""
     _, code, first = learner_cells(solution, lab)
     theirs = [c.source for c in nbformat.read(str(solution), as_version=4).cells if c.cell_type == "code"]
     later_binds = [set() for _ in theirs]
@@ -296,26 +298,37 @@ def unsolved_plan(solution: Path, lab: Path) -> list[tuple[int, bool, set[str]]]
     plan, learner_only = [], set()
     for i in range(first, len(code)):
         names, ours = _names(code[i].source), _names(theirs[i])
-        keep = (code[i].source == theirs[i] and names is not None and not names[0] & learner_only
+        kept = (keep and code[i].source == theirs[i] and names is not None and not names[0] & learner_only
                 and not names[1] & later_binds[i] and "*" not in later_binds[i])
-        if not keep:
+        if not kept:
             learner_only |= (names[1] if names else set()) | (ours[1] if ours else set())
-        plan.append((i, not keep, names[1] if names else set()))
+        plan.append((i, not kept, names[1] if names else set()))
     return plan
 
 
 def learner_start_code() -> str:
-    """The learner's namespace: a copy of the one before the first TODO cell, and the grading results so far."""
-    return (f"from nanoserve.course import grading as _g\n{LEARNER} = (dict({SNAPSHOT}), len(_g.results))\n"
-            f"del {SNAPSHOT}, _g\n")
+    """Put the kernel's namespace back as it was before the first TODO cell (functions defined earlier look
+    their names up there, so the learner's run must use that very namespace, not a copy), keeping the
+    solution's final one aside for the kept cells' names, and the count of grading results so far."""
+    return ("def _nanoserve_learner_start(ns):\n"
+            "    from nanoserve.course import grading\n"
+            "    final = dict(ns)\n"
+            "    ns.clear()\n"
+            f"    ns.update(final.pop({SNAPSHOT!r}))\n"
+            f"    ns[{LEARNER!r}] = (final, len(grading.results))\n"
+            "_nanoserve_learner_start(get_ipython().user_ns)\n")
 
 
 def learner_cell_code(source: str) -> str:
     """Run one lab cell in the learner's namespace; print what it raised."""
     return (
         "def _nanoserve_learner_cell(src):\n"
+        "    import linecache\n"
+        "    code = get_ipython().transform_cell(src)\n"
+        "    name = f'<lab cell {len(linecache.cache)}>'   # in linecache, as IPython's cells: inspect finds the source\n"
+        "    linecache.cache[name] = (len(code), None, code.splitlines(True), name)\n"
         "    try:\n"
-        f"        exec(compile(get_ipython().transform_cell(src), '<lab cell>', 'exec'), {LEARNER}[0])\n"
+        "        exec(compile(code, name, 'exec'), get_ipython().user_ns)\n"
         "    except Exception as exc:\n"
         f"        print({LEARNER_ERROR!r} + repr((type(exc).__name__, str(exc))))\n"
         f"_nanoserve_learner_cell({source!r}); del _nanoserve_learner_cell\n")
@@ -323,12 +336,30 @@ def learner_cell_code(source: str) -> str:
 
 def learner_keep_code(names: set[str]) -> str:
     """Give the learner's namespace a kept cell's names, as the solution's run left them."""
-    return f"{LEARNER}[0].update({{n: v for n, v in get_ipython().user_ns.items() if n in {sorted(names)!r}}})\n"
+    return (f"get_ipython().user_ns.update({{n: v for n, v in {LEARNER}[0].items() if n in {sorted(names)!r}}})\n")
 
 
 def learner_end_code() -> str:
-    """Forget the learner's namespace and the grading results its cells added."""
+    """Forget the grading results the learner's cells added (the namespace stays the learner's: nothing runs
+    after it)."""
     return f"from nanoserve.course import grading as _g\ndel _g.results[{LEARNER}[1]:], {LEARNER}, _g\n"
+
+
+def replay_learner(run, solution: Path, lab: Path, code, first: int, printed: list[str], keep: bool = True) -> None:
+    """Fill the lab's code cells (`code`, `first`: from learner_cells) with a learner's run, replayed in a kernel
+    that has just run the solution and kept the snapshot before its first TODO cell. run(python) executes in
+    that kernel and returns what it printed; printed[i] is what the solution's code cell i printed; keep: see
+    `unsolved_plan`."""
+    for cell, text in zip(code[:first], printed):
+        fill_outputs(cell, text)
+    run(learner_start_code())
+    for i, rerun, binds in unsolved_plan(solution, lab, keep):
+        if rerun:
+            fill_outputs(code[i], run(learner_cell_code(code[i].source)))
+        else:   # the solution's own cell, which computed what the learner's would: its output and its names
+            fill_outputs(code[i], printed[i])
+            run(learner_keep_code(binds))
+    run(learner_end_code())
 
 
 LEARNER_ERROR = "<<lab cell raised>> "
