@@ -122,8 +122,8 @@ def grade_edited_solution(solution: Path, edits: list[tuple[str, str]], tmp_path
 # to a minute a lab on 2 cores) only to feed a wrong answer to one check. nbval already executes the solution
 # in this test run, so conftest.py replays each registered mistake in that kernel, right after the cell that
 # prints the check it is about: of the cells from the first one edited to that cell, those the edits can
-# change (`replay_plan`) run on a copy of the notebook's namespace (what they rebind is dropped), and the
-# grading results they add are removed again, so the solution's later cells see exactly what they would have.
+# change (`replay_plan`) run in the notebook's namespace, which is then put back as it was (what they rebind is
+# dropped), and the grading results they add are removed again, so the solution's later cells see exactly what they would have.
 # The mistake's checks are judged on the learner's own measurements of this very run. Run alone (no nbval pass
 # of the solution in the session), a mistake test grades an edited copy.
 
@@ -200,11 +200,13 @@ def replay_plan(solution: Path, edits: list[tuple[str, str]], through: str) -> t
 
 
 def replay_code(cells: list[str]) -> str:
-    """Python for the kernel: run `cells` on a copy of the namespace and forget the grading results they add."""
+    """Python for the kernel: run `cells` in the kernel's namespace (a function defined earlier looks its names
+    up there, so a copy would hide the mistake from it), then put the namespace back as it was and forget the
+    grading results they add."""
     return (
-        "def _nanoserve_replay(cells):\n"
+        "def _nanoserve_replay(cells, ns):\n"
         "    from nanoserve.course import grading as _grading\n"
-        "    ns, n = dict(get_ipython().user_ns), len(_grading.results)\n"
+        "    before, n = dict(ns), len(_grading.results)\n"
         "    try:\n"
         "        for src in cells:\n"
         "            exec(compile(get_ipython().transform_cell(src), '<mistake replay>', 'exec'), ns)\n"
@@ -212,7 +214,9 @@ def replay_code(cells: list[str]) -> str:
         "        print(f'replay raised {type(exc).__name__}: {exc}')\n"
         "    finally:\n"
         "        del _grading.results[n:]\n"
-        f"_nanoserve_replay({cells!r}); del _nanoserve_replay\n")
+        "        ns.clear()\n"
+        "        ns.update(before)\n"
+        f"_nanoserve_replay({cells!r}, get_ipython().user_ns); del _nanoserve_replay\n")
 
 
 def assert_mistake_fails(solution: Path, mistake_id: str, tmp_path: Path, capsys, *, fails=(), passes=(),
