@@ -68,7 +68,7 @@ from nanoserve import COURSE_DRAFT_MODEL, COURSE_MODEL, LLM, SamplingParams, tok
 from nanoserve.course.bench import fill_defaults, machine_info, save_record  # noqa: E402
 from nanoserve.course.corpus import corpus_files, read  # noqa: E402
 from nanoserve.engine.model_runner import StepPlan  # noqa: E402
-from nanoserve.spec import NgramProposer  # noqa: E402
+from nanoserve.speculative import NgramProposer  # noqa: E402
 
 TARGET = 1.5   # batch-1 decode tokens/s, the better method over the base engine
 METHODS = ("ngram", "draft")

@@ -43,9 +43,9 @@ class LLM:
         from nanoserve.engine.compiled_decode import resolve_mode
         sharded = args.tensor_parallel_size != 1
         compilation = resolve_mode(args.compilation, args.enforce_eager, dev, sharded=sharded)
-        from nanoserve import quant, spec
+        from nanoserve import quant, speculative
         scheme = quant.QuantScheme.parse(args.quantization)
-        spec_config = spec.SpeculativeConfig.parse(args.speculative_config)
+        spec_config = speculative.SpeculativeConfig.parse(args.speculative_config)
         if compilation != "eager" and sharded:
             raise ValueError(f"compilation = {compilation!r} with tensor_parallel_size = {args.tensor_parallel_size}: "
                              f"a sharded engine runs eager for now")
@@ -87,7 +87,7 @@ class LLM:
             enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, scheduling=args.scheduling,
             compilation=compilation)
         runner = None if self.tp is None else self.tp.runner(num_kv_blocks, args.block_size, args.seed)
-        decoder = None if spec_config is None else spec.build(
+        decoder = None if spec_config is None else speculative.build(
             spec_config, self.model, dev, args.dtype, num_kv_blocks, args.block_size, args.max_num_seqs,
             args.max_num_batched_tokens, max_model_len, args.seed)
         self.engine = LLMEngine(self.model, self.tokenizer, config, runner, decoder)

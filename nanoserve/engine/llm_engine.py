@@ -53,7 +53,7 @@ class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer | None, config: EngineConfig,
                  runner: ModelRunner | None = None, spec=None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.spec = spec   # chapter 10: a spec.SpeculativeDecoder, or None
+        self.spec = spec   # chapter 10: a speculative.SpeculativeDecoder, or None
         param = next(model.parameters())
         self.device = param.device
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)

@@ -13,8 +13,8 @@ import torch
 
 from nanoserve.engine.model_runner import StepPlan
 from nanoserve.sampling import probs, sample
-from nanoserve.spec.proposers import Proposer
-from nanoserve.spec.verify import verify
+from nanoserve.speculative.proposers import Proposer
+from nanoserve.speculative.verify import verify
 
 
 class SpeculativeDecoder:

@@ -12,7 +12,7 @@ import torch
 
 from nanoserve import COURSE_DRAFT_MODEL, LLM, SamplingParams
 from nanoserve.engine.sequence import Sequence
-from nanoserve.spec import NgramProposer, SpeculativeConfig, probs, verify
+from nanoserve.speculative import NgramProposer, SpeculativeConfig, probs, verify
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n",
            "import os\nimport sys\n\n\ndef main(argv):\n    ",

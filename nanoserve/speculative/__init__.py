@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nanoserve.sampling import probs
-from nanoserve.spec.decoder import SpeculativeDecoder
-from nanoserve.spec.proposers import DraftModelProposer, NgramProposer, Proposer
-from nanoserve.spec.verify import verify
+from nanoserve.speculative.decoder import SpeculativeDecoder
+from nanoserve.speculative.proposers import DraftModelProposer, NgramProposer, Proposer
+from nanoserve.speculative.verify import verify
 from nanoserve.validation import check_int
 
 METHODS = ("ngram", "draft_model")
