@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from nanoserve.validation import FieldError, check_int, is_number
 
@@ -17,8 +17,9 @@ COMPILATION_MODES = ("eager", "compile", "cudagraph")
 SCHEDULING_POLICIES = ("continuous", "static")
 
 
-def _option(default, help: str, flag: str | None = None, cli: bool = True):
-    return field(default=default, metadata={"help": help, "flag": flag, "cli": cli})
+def _option(default, help: str, *, flag: str | None = None, cli: bool = True, **argparse_kwargs):
+    """A field with its default, its help, and how its flag parses (argparse's type, choices or action)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "cli": cli, "argparse": argparse_kwargs})
 
 
 @dataclass
@@ -26,31 +27,35 @@ class EngineArgs:
     model: str | None = _option(None, "a Hugging Face-format directory (default: the shipped course model)")
     device: str = _option("auto", '"auto", "cpu" or "cuda"')
     dtype: object = _option("auto", '"auto", "float32", "bfloat16", "float16" (or a torch.dtype)')
-    max_num_seqs: int = _option(32, "sequences decoded together in one step")
-    max_num_batched_tokens: int = _option(2048, "tokens per step, prefill chunks and decodes together")
+    max_num_seqs: int = _option(32, "sequences decoded together in one step", type=int)
+    max_num_batched_tokens: int = _option(2048, "tokens per step, prefill chunks and decodes together", type=int)
     max_model_len: int | None = _option(None, "prompt + output tokens of one sequence (default: the model's, "
-                                              "capped at 2048 and at what the KV pool holds)")
-    block_size: int = _option(16, "token positions per KV block")
+                                              "capped at 2048 and at what the KV pool holds)", type=int)
+    block_size: int = _option(16, "token positions per KV block", type=int)
     num_kv_blocks: int | None = _option(None, "the KV pool in blocks (default: sized from memory, see "
-                                              "kv_pool_size)", flag="--num-gpu-blocks-override")
-    enable_prefix_caching: bool = _option(True, "reuse the KV blocks of a prompt prefix already computed")
+                                              "kv_pool_size)", flag="--num-gpu-blocks-override", type=int)
+    enable_prefix_caching: bool = _option(True, "reuse the KV blocks of a prompt prefix already computed",
+                                          action=argparse.BooleanOptionalAction)
     kv_cache_memory: int | None = _option(None, "bytes for the KV pool on a CPU (default: enough for max_num_seqs "
-                                                "full-length sequences, at most 1 GiB)")
+                                                "full-length sequences, at most 1 GiB)", type=int)
     gpu_memory_utilization: float = _option(0.9, "the fraction of the GPU's memory this engine may use in all: "
-                                                 "weights, the largest step's activations (measured) and the pool")
-    seed: int = _option(0, "the engine's seed (a request's own SamplingParams.seed overrides it)")
-    scheduling: str = _option("continuous", '"continuous", or "static": the baseline chapter 03 measures against')
+                                                 "weights, the largest step's activations (measured) and the pool",
+                                   type=float)
+    seed: int = _option(0, "the engine's seed (a request's own SamplingParams.seed overrides it)", type=int)
+    scheduling: str = _option("continuous", '"continuous", or "static": the baseline chapter 03 measures against',
+                              choices=SCHEDULING_POLICIES)
     tensor_parallel_size: int = _option(1, "shard the model over N ranks (chapter 08); in a plain process this "
                                            "engine is rank 0 and starts the others", cli=False)
     compilation: str | None = _option(None, 'how decode steps run (chapter 06): "eager", "compile" or '
                                             '"cudagraph" (default: cudagraph on CUDA, eager on a CPU and with '
-                                            'tensor parallelism)')
-    enforce_eager: bool = _option(False, 'eager whatever compilation says (vLLM\'s flag)')
+                                            'tensor parallelism)', choices=COMPILATION_MODES)
+    enforce_eager: bool = _option(False, 'eager whatever compilation says (vLLM\'s flag)', action="store_true")
     quantization: str | None = _option(None, 'weight-only quantization at load (chapter 07): "int8", "int4" '
                                              '(group 128) or "int4-g32" / -g64 / -g128 / -g256')
     speculative_config: dict | None = _option(None, 'speculative decoding (chapter 10), vLLM\'s dict: {"method": '
                                                     '"ngram", "num_speculative_tokens": 4} or {"method": '
-                                                    '"draft_model", "model": DIR, "num_speculative_tokens": 4}')
+                                                    '"draft_model", "model": DIR, "num_speculative_tokens": 4}',
+                                              type=json.loads)
 
     def validate(self) -> "EngineArgs":
         """Raise a ValueError (a FieldError naming the field, for a bad number) for options that are wrong
@@ -86,32 +91,12 @@ class EngineArgs:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None,
-                     **defaults) -> argparse.ArgumentParser:
-        """One `--flag` per field (or per field in `only`), with its default (or the one given here) and help."""
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One `--flag` per field, with its default and help."""
         for f in fields(cls):
-            if not f.metadata["cli"] or (only is not None and f.name not in only):
-                continue
-            flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-            default = defaults.get(f.name, f.default if f.default is not MISSING else None)
-            extra = {"dest": f.name, "default": default, "help": f.metadata["help"]}
-            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-            if f.name == "enable_prefix_caching":
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, **extra)
-            elif kind == "bool":
-                parser.add_argument(flag, action="store_true", **extra)
-            elif f.name == "compilation":
-                parser.add_argument(flag, choices=COMPILATION_MODES, **extra)
-            elif f.name == "scheduling":
-                parser.add_argument(flag, choices=SCHEDULING_POLICIES, **extra)
-            elif f.name == "speculative_config":
-                parser.add_argument(flag, type=json.loads, **extra)
-            elif kind.startswith("int"):
-                parser.add_argument(flag, type=int, **extra)
-            elif kind.startswith("float"):
-                parser.add_argument(flag, type=float, **extra)
-            else:
-                parser.add_argument(flag, **extra)
+            if f.metadata["cli"]:
+                parser.add_argument(f.metadata["flag"] or "--" + f.name.replace("_", "-"), dest=f.name,
+                                    default=f.default, help=f.metadata["help"], **f.metadata["argparse"])
         return parser
 
     @classmethod
