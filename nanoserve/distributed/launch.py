@@ -19,9 +19,11 @@ it, after terminating the other ranks.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import queue as queue_mod
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -58,6 +60,13 @@ def _rank_main(fn, rank, world_size, args, port, backend, timeout_s, num_threads
             dist.destroy_process_group()
         except Exception:   # a group a peer left may not tear down cleanly; this process exits anyway
             pass
+    # leave as soon as the result is in the pipe, without the interpreter's teardown (freeing every module
+    # of torch: ~0.6 s that run_group would wait out)
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _failure_message(world_size: int, dead: dict, errors: dict) -> str:
