@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test labs bench grade gpu-check clean
+.PHONY: setup lab test unit notebooks labs bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -12,8 +12,21 @@ lab: setup
 	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Every test, in two runs, one after the other. The unit tests check correctness, not speed, and most of
+# their time is one busy thread (starting processes and kernels, importing torch): two pytest workers share
+# the cores. The notebooks and the labs' graders measure this machine: one at a time, nothing beside them.
+UNIT := -m pytest tests --ignore=tests/course --ignore=tests/fixtures -n 2
+NOTEBOOKS := -m pytest tests/course tests/fixtures chapters solutions
+
 test: setup
-	$(PY) -m pytest
+	$(PY) $(UNIT)
+	$(PY) $(NOTEBOOKS)
+
+unit: setup
+	$(PY) $(UNIT)
+
+notebooks: setup
+	$(PY) $(NOTEBOOKS)
 
 labs: setup
 	$(PY) tools/make_labs.py

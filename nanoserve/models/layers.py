@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from nanoserve import kernels
-from nanoserve.attention import causal_attention
+from nanoserve.attention import AttentionBackend, causal_attention
 from nanoserve.models.config import ModelConfig
 
 
@@ -107,7 +107,8 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.ops = kernels.REFERENCE
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: AttentionBackend | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
@@ -115,10 +116,10 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.ops.rotary_embedding(q, k, cos, sin)   # in place, q and k in one call (one kernel on Triton)
-        if kv_cache is None:
+        if attention is None:
             out = causal_attention(q, k, v, self.sliding_window)
-        else:  # the cache stores this step's k/v and attends over everything the sequence has seen
-            out = kv_cache.attend(self.layer_idx, q, k, v)
+        else:  # the backend stores this step's k/v and attends over everything the sequence has seen
+            out = attention.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
 

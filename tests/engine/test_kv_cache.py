@@ -57,4 +57,4 @@ def test_cache_size_formula_and_bounds():
         cache.prepare([3], [0], [1])
     fresh = KVCache(model.config, 1, 4)
     with pytest.raises(RuntimeError, match="prepare"):
-        model(torch.tensor([[1, 2]]), kv_cache=fresh)
+        model(torch.tensor([[1, 2]]), attention=fresh)

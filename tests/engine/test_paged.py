@@ -288,3 +288,19 @@ def test_step_metadata_on_cuda_equals_the_cpu_build():
         assert b.slot_mapping.is_cuda and torch.equal(b_ids.cpu(), a_ids)
         for name in ("positions", "slot_mapping", "block_tables", "context_lens", "decode_tokens", "decode_tables"):
             assert torch.equal(getattr(b, name).cpu(), getattr(a, name)), name
+
+
+def test_every_attention_path_is_an_attention_backend():
+    # the model's one seam: each chapter's way of holding keys implements attend(layer, q, k, v)
+    from nanoserve.attention import AttentionBackend
+    from nanoserve.engine.compiled_decode import StaticDecodeAttention
+    from nanoserve.engine.cuda_graphs import InPlaceDecodeAttention
+    from nanoserve.models import ModelConfig
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=32, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    cache = PagedKVCache(cfg, 4, 16)
+    for backend in (KVCache(cfg, 1, 8), PagedAttention(cache, cfg),
+                    StaticDecodeAttention(None, None, 4, 16, None, None, None, None),
+                    InPlaceDecodeAttention(cache, None, cfg, None, None, None)):
+        assert isinstance(backend, AttentionBackend), type(backend).__name__
+    assert not isinstance(cache, AttentionBackend)   # the pool holds tensors; PagedAttention attends over it
