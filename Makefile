@@ -12,11 +12,13 @@ lab: setup
 	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test, in two runs, one after the other. The unit tests check correctness, not speed, and most of
-# their time is one busy thread (starting processes and kernels, importing torch): two pytest workers share
-# the cores. The notebooks and the labs' graders measure this machine: one at a time, nothing beside them.
-UNIT := -m pytest tests --ignore=tests/course --ignore=tests/fixtures -n 2
-NOTEBOOKS := -m pytest tests/course tests/fixtures chapters solutions
+# Every test, in two runs, one after the other. The unit tests (the course's tooling and the exercises
+# included) check correctness, not speed, and most of their time is one busy thread (starting processes and
+# kernels, importing torch): two pytest workers share the cores. The notebooks measure this machine: they run
+# one at a time with nothing beside them, and with them the labs' tests that read nbval's run of a solution.
+LAB_TESTS := tests/course/test_lab[0-9]*.py
+UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2
+NOTEBOOKS := -m pytest $(LAB_TESTS) tests/fixtures chapters solutions
 
 test: setup
 	$(PY) $(UNIT)

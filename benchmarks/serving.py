@@ -41,7 +41,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 from nanoserve.course.bench import fill_defaults, machine_info, model_name, save_record  # noqa: E402
-from nanoserve.serve.load import corpus_prompts, free_port, load, start_server  # noqa: E402
+from nanoserve.ports import free_port  # noqa: E402
+from nanoserve.serve.load import corpus_prompts, load, start_server  # noqa: E402
 
 SERVED_NAME = "bench"
 TARGET = 3.0   # ours / peer, in sustained request rate

@@ -3,7 +3,8 @@
     backend      AttentionBackend: the interface the model calls, attend(layer, q, k, v), and who implements it
     functional   causal_mask, causal_attention, prefill_attention, decode_attention: the PyTorch maths
     metadata     AttentionMetadata, StepInputs: one step's positions, cache rows and block tables, built
-                 once per step with tensor ops and shared by every layer
+                 once per step with array ops and shared by every layer; with a Padding target, the same
+                 step at a static shape (chapter 06)
     paged        PagedKVCache (the block pool's tensors) and PagedAttention (store k/v, attend through
                  the block tables with one backend's kernels)
 
@@ -13,8 +14,8 @@ AttentionBackend it is given. This package imports neither the engine nor the mo
 """
 from nanoserve.attention.backend import AttentionBackend
 from nanoserve.attention.functional import causal_attention, causal_mask, decode_attention, prefill_attention
-from nanoserve.attention.metadata import AttentionMetadata, StepInputs
+from nanoserve.attention.metadata import AttentionMetadata, Padding, StepInputs
 from nanoserve.attention.paged import PagedAttention, PagedKVCache, kv_bytes_per_token, split_by_length
 
 __all__ = ["AttentionBackend", "causal_mask", "causal_attention", "prefill_attention", "decode_attention", "AttentionMetadata",
-           "StepInputs", "PagedKVCache", "PagedAttention", "kv_bytes_per_token", "split_by_length"]
+           "Padding", "StepInputs", "PagedKVCache", "PagedAttention", "kv_bytes_per_token", "split_by_length"]

@@ -8,6 +8,10 @@ array ops, never a Python loop over tokens:
     positions[t]    = starts[seq[t]] + (t - first token of seq[t])
     slot_mapping[t] = block_tables[seq[t], positions[t] // block_size] * block_size + positions[t] % block_size
 
+A decode step that runs at static shapes (chapter 06: a compiled graph, a CUDA graph replay) is built by
+the same code with a `Padding` target: the batch padded to a bucket, every block table to one width, the
+padding rows and table entries pointing at a scratch block that no sequence owns.
+
 As in vLLM's model runner, the arrays are computed with NumPy on the host (a NumPy call on a small
 array costs about a microsecond, a small torch op several) and reach the device in two copies (int64
 and int32) from buffers that live as long as the engine, pinned and non-blocking on CUDA. On a CPU
@@ -39,6 +43,14 @@ class AttentionMetadata:
     scratch: dict = field(default_factory=dict)  # what a backend derives once per step (torch: length groups)
 
 
+@dataclass(frozen=True)
+class Padding:
+    """A static shape for a decode step: `batch` rows, `width` blocks per table, padding in `scratch_block`."""
+    batch: int
+    width: int
+    scratch_block: int
+
+
 class StepInputs:
     """Builds each step's input ids and AttentionMetadata from per-sequence numbers."""
 
@@ -67,39 +79,65 @@ class StepInputs:
         self._copied[dtype].record()
         return [t.view(p.shape) for t, p in zip(flat.split([p.size for p in parts]), parts)]
 
-    def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]):
-        """token_ids[i]: sequence i's new tokens this step; starts[i]: its tokens already cached;
-        block_tables[i]: its blocks. Returns (input_ids [1, N], AttentionMetadata)."""
+    def arrays(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
+               pad: Padding | None = None) -> dict[str, np.ndarray]:
+        """The step as host arrays: ids, positions, slots (cache rows), tables, context (keys per sequence).
+
+        token_ids[i]: sequence i's new tokens this step; starts[i]: its tokens already cached; block_tables[i]:
+        its blocks (-1 past the last one). With `pad`, a decode step (one new token each) padded to pad.batch
+        rows and pad.width blocks per table: a padding row holds one key, its own, in the scratch block, and
+        table entries past a row's blocks point there too (masked by the row's length)."""
         bs = self.block_size
         lengths = [len(t) for t in token_ids]
         for i, (table, start, n) in enumerate(zip(block_tables, starts, lengths)):
-            if n < 1:
-                raise ValueError(f"sequence {i} of the step has no new tokens")
+            if n < 1 or (pad is not None and n != 1):
+                raise ValueError(f"sequence {i} of the step has {n} new tokens" +
+                                 ("; a padded step is decodes only, one each" if pad is not None else ""))
             if len(table) * bs < start + n:
                 raise ValueError(f"block table {table} covers {len(table) * bs} positions; the step needs {start + n}")
-        B = len(lengths)
-        lens, start_a = np.array(lengths, dtype=np.int64), np.array(starts, dtype=np.int64)
+        if pad is None:
+            lens, start_a = np.array(lengths, dtype=np.int64), np.array(starts, dtype=np.int64)
+        else:   # padding rows: one token at position 0
+            lens, start_a = np.ones(pad.batch, dtype=np.int64), np.zeros(pad.batch, dtype=np.int64)
+            start_a[:len(starts)] = starts
+        B = len(lens)
         first = np.cumsum(lens) - lens
         seq = np.repeat(np.arange(B), lens)
         positions = start_a[seq] + np.arange(seq.size) - first[seq]
-        tables = np.full((B, max(len(t) for t in block_tables)), -1, dtype=np.int32)
-        for i, t in enumerate(block_tables):      # per sequence, not per token
-            tables[i, :len(t)] = t
-        slot_mapping = tables[seq, positions // bs].astype(np.int64) * bs + positions % bs
         context = (start_a + lens).astype(np.int32)
-        dec = np.flatnonzero(lens == 1)
-        decode_blocks = [-(-int(c) // bs) for c in context[dec]]
-        dec_tables = tables[dec, :max(decode_blocks, default=0)]
-        ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=seq.size)
+        if pad is None:
+            tables = np.full((B, max(len(t) for t in block_tables)), -1, dtype=np.int32)
+        else:
+            tables = np.full((B, pad.width), pad.scratch_block, dtype=np.int32)
+        for i, t in enumerate(block_tables):      # per sequence, not per token
+            used = len(t) if pad is None else -(-int(context[i]) // bs)   # padded: the blocks its keys fill
+            tables[i, :used] = t[:used]
+        ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=sum(lengths))
+        if pad is not None:
+            ids = np.concatenate([ids, np.zeros(B - len(lengths), dtype=np.int64)])
+        # each new token's cache row: its sequence's block for the position, times block_size, plus the offset
+        slots = tables[seq, positions // bs].astype(np.int64) * bs + positions % bs
+        return dict(ids=ids, positions=positions, slots=slots, tables=tables, context=context, first=first, lens=lens)
 
-        longs = [ids, positions, slot_mapping, first[dec]]
-        ints = [tables, context, dec_tables, context[dec]]
-        ids_t, pos_t, slots_t, dec_tok_t = self._to_device(longs, np.int64)
-        tables_t, ctx_t, dec_tables_t, dec_ctx_t = self._to_device(ints, np.int32)
+    def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
+              pad: Padding | None = None):
+        """The step's input ids [1, N] and AttentionMetadata on the device (arguments: `arrays`)."""
+        a = self.arrays(token_ids, starts, block_tables, pad)
+        tables, context, first, lens = a["tables"], a["context"], a["first"], a["lens"]
+        dec = np.flatnonzero(lens == 1)
+        decode_blocks = [-(-int(c) // self.block_size) for c in context[dec]]
+        ids_t, pos_t, slots_t, dec_tok_t = self._to_device([a["ids"], a["positions"], a["slots"], first[dec]], np.int64)
+        if pad is None:
+            dec_tables = tables[dec, :max(decode_blocks, default=0)]
+            tables_t, ctx_t, dec_tables_t, dec_ctx_t = self._to_device([tables, context, dec_tables, context[dec]],
+                                                                       np.int32)
+        else:   # every row decodes, at the table width: the decode view is the step itself, sent once
+            tables_t, ctx_t = self._to_device([tables, context], np.int32)
+            dec_tables_t, dec_ctx_t = tables_t, ctx_t
         meta = AttentionMetadata(
             positions=pos_t, slot_mapping=slots_t, block_tables=tables_t, context_lens=ctx_t,
             decode_tokens=dec_tok_t, decode_tables=dec_tables_t, decode_context=dec_ctx_t,
-            prefills=[(i, int(first[i]), n, s) for i, (s, n) in enumerate(zip(starts, lengths)) if n != 1],
-            block_size=bs, all_decodes=len(dec) == B, decode_blocks=decode_blocks,
+            prefills=[(i, int(first[i]), n, s) for i, (s, n) in enumerate(zip(starts, lens.tolist())) if n != 1],
+            block_size=self.block_size, all_decodes=len(dec) == len(lens), decode_blocks=decode_blocks,
             last_tokens=(first + lens - 1).tolist())
         return ids_t[None], meta

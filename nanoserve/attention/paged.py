@@ -19,6 +19,7 @@ in their rows, then attend. Its backend is chosen once, when the engine builds i
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,7 @@ class PagedAttention:
         self.sliding_window = cfg.sliding_window
         self.scale = cfg.head_dim ** -0.5
         self.metadata: AttentionMetadata | None = None
+        self._in_step = False
         # chosen once: the reference gathers blocks, the kernels read them in place
         self._decode = self._decode_in_place if ops.decode_in_place else self._decode_gathered
         self._inputs: StepInputs | None = None
@@ -77,6 +79,17 @@ class PagedAttention:
         # records fill the freed gaps) the heap grew by GBs a step, every copy paid fresh page faults, and the
         # profile blamed the attention for the allocator's work. CUDA's caching allocator already reuses blocks.
         self._workspace: dict[str, torch.Tensor] | None = {} if cache.k.device.type == "cpu" else None
+
+    @contextmanager
+    def step(self, metadata: AttentionMetadata):
+        """The forward inside runs the step `metadata` describes (the engine's way in); steps do not nest."""
+        if self._in_step:
+            raise RuntimeError("PagedAttention is already running a step: one forward at a time")
+        self.metadata, self._in_step = metadata, True
+        try:
+            yield self
+        finally:
+            self.metadata, self._in_step = None, False
 
     def prepare(self, block_tables: list[list[int]], starts: list[int], lengths: list[int]) -> None:
         """Describe the next forward from plain lists (for notebooks and tests; the engine builds its
@@ -89,7 +102,8 @@ class PagedAttention:
         """Store this step's k/v in their blocks, then attention through the block tables. q: [1, N, heads, d]."""
         meta = self.metadata
         if meta is None:
-            raise RuntimeError("PagedAttention needs the step's metadata (prepare() or the engine) before the forward")
+            raise RuntimeError("PagedAttention needs the step's metadata (prepare(), or the engine's step()) "
+                               "before the forward")
         q, k, v = q[0], k[0], v[0]
         kc, vc = self.cache.k[layer], self.cache.v[layer]
         _, _, kvh, d = kc.shape

@@ -35,7 +35,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from nanoserve.distributed.launch import free_port
+from nanoserve.ports import free_port
 
 import torch
 import torch.distributed as dist

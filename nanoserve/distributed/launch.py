@@ -22,19 +22,13 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
-import socket
 import sys
 import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nanoserve.ports import free_port
 
 
 def _rank_main(fn, rank, world_size, args, port, backend, timeout_s, num_threads, results) -> None:

@@ -16,11 +16,11 @@ import bisect
 import time
 from collections import Counter
 
-import numpy as np
 import torch
 import torch._dynamo
 
 from nanoserve.attention.functional import decode_attention
+from nanoserve.attention.metadata import Padding, StepInputs
 
 MODES = ("eager", "compile", "cudagraph")
 
@@ -30,6 +30,11 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
     sizes += list(range(16, max_num_seqs, 8))
     return sizes + [-(-max_num_seqs // 8) * 8 if max_num_seqs > 8 else max_num_seqs]
+
+
+def bucket_for(buckets: list[int], n: int) -> int:
+    """The smallest of the (sorted) batch buckets that holds `n` sequences."""
+    return buckets[bisect.bisect_left(buckets, n)]
 
 
 def width_bucket(blocks: int) -> int:
@@ -53,27 +58,6 @@ def resolve_mode(compilation: str | None, enforce_eager: bool, device: torch.dev
         raise ValueError(f"compilation = 'cudagraph' needs a CUDA device; this LLM runs on {device.type!r} "
                          f"(use 'compile' or 'eager')")
     return compilation
-
-
-def padded_decode_arrays(token_ids, starts, block_tables, batch: int, width: int, block_size: int,
-                         scratch_block: int) -> dict[str, np.ndarray]:
-    """A decode step's inputs padded to `batch` rows and `width` blocks per table, as NumPy arrays.
-
-    Padding rows hold one key, their own, in the scratch block; table entries past a row's blocks point
-    at the scratch block too (masked by the row's length). Returns ids, positions, slots, tables, context.
-    """
-    n, bs = len(token_ids), block_size
-    context = np.ones(batch, dtype=np.int32)
-    context[:n] = [s + 1 for s in starts]
-    tables = np.full((batch, width), scratch_block, dtype=np.int32)
-    for i, t in enumerate(block_tables):
-        used = -(-int(context[i]) // bs)
-        tables[i, :used] = t[:used]
-    positions = context.astype(np.int64) - 1
-    slots = tables[np.arange(batch), positions // bs].astype(np.int64) * bs + positions % bs
-    ids = np.zeros(batch, dtype=np.int64)
-    ids[:n] = [t[0] for t in token_ids]
-    return dict(ids=ids, positions=positions, slots=slots, tables=tables, context=context)
 
 
 class StaticDecodeAttention:
@@ -109,6 +93,7 @@ class CompiledDecode:
 
     def __init__(self, model, cache, max_num_seqs: int, scratch_block: int):
         self.model, self.cache, self.scratch_block = model, cache, scratch_block
+        self.inputs = StepInputs(cache.block_size, cache.k.device)
         # the pools as one row per cached token, built once: views of the same storage, passed to every step
         self.flat_k, self.flat_v = (t.view(-1, *t.shape[-2:]) for t in (cache.k, cache.v))
         self.sliding_window = model.config.sliding_window
@@ -145,13 +130,10 @@ class CompiledDecode:
 
     def pad(self, plan) -> tuple[tuple[int, int], list[torch.Tensor]]:
         """The step's inputs padded to its bucket: ((batch, width), [ids, positions, slots, tables, context])."""
-        bs = self.cache.block_size
-        B = self.buckets[bisect.bisect_left(self.buckets, len(plan.token_ids))]
-        W = width_bucket(max(s // bs + 1 for s in plan.starts))
-        a = padded_decode_arrays(plan.token_ids, plan.starts, plan.block_tables, B, W, bs, self.scratch_block)
-        device = self.cache.k.device
-        return (B, W), [torch.from_numpy(a[k]).to(device, torch.int64)
-                        for k in ("ids", "positions", "slots", "tables", "context")]
+        B = bucket_for(self.buckets, len(plan.token_ids))
+        W = width_bucket(max(s // self.cache.block_size + 1 for s in plan.starts))
+        ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables, Padding(B, W, self.scratch_block))
+        return (B, W), [ids[0], meta.positions, meta.slot_mapping, meta.block_tables, meta.context_lens]
 
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""

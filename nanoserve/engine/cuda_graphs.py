@@ -5,8 +5,9 @@ launching them, not the GPU running them, sets the pace. A CUDA graph records on
 and replays all of them with one call. A replay repeats exactly what was recorded: the same kernels on
 the same addresses at the same shapes. So:
 
-- the step reads its inputs from buffers that live as long as the engine; each step copies its ids,
-  positions, cache rows, block tables and lengths into them, then replays;
+- the step reads its inputs from buffers that live as long as the engine; each step's ids, positions,
+  cache rows, block tables and lengths are built as the eager step's are (`attention.StepInputs`, padded),
+  sent from pinned memory, copied into those buffers, then the graph replays;
 - the batch is padded to a bucket (`batch_buckets`); padding rows write their key and value into the
   scratch block, which no sequence owns, attend to it alone, and their logits are dropped;
 - every block table is padded to the widest a sequence can have (max_model_len): the decode kernel
@@ -18,12 +19,12 @@ reported. Prefills, mixed steps and batches above the largest bucket run eager.
 """
 from __future__ import annotations
 
-import bisect
 import time
 
 import torch
 
-from nanoserve.engine.compiled_decode import StaticDecodeAttention, batch_buckets, padded_decode_arrays
+from nanoserve.attention.metadata import Padding, StepInputs
+from nanoserve.engine.compiled_decode import StaticDecodeAttention, batch_buckets, bucket_for
 
 
 class InPlaceDecodeAttention:
@@ -54,15 +55,14 @@ class CudaGraphDecode:
         self.model, self.cache, self.ops, self.scratch_block = model, cache, ops, scratch_block
         self.buckets = batch_buckets(max_num_seqs)
         self.width = -(-max_model_len // cache.block_size)    # blocks of the longest sequence
+        self.inputs = StepInputs(cache.block_size, cache.k.device)   # built and sent as the eager step is
         B, W, dev = self.buckets[-1], self.width, cache.k.device
-        # the step buffers every graph reads (device) and their pinned staging copies (host)
-        self.host = dict(ids=torch.zeros(B, dtype=torch.long), positions=torch.zeros(B, dtype=torch.long),
-                         slots=torch.zeros(B, dtype=torch.long), tables=torch.zeros(B, W, dtype=torch.int32),
-                         context=torch.zeros(B, dtype=torch.int32))
-        if dev.type == "cuda":     # pinned: the copies to the device need not wait for the host
-            self.host = {k: v.pin_memory() for k, v in self.host.items()}
-        self.static = {k: v.clone().to(dev) for k, v in self.host.items()}
-        self._copied: torch.cuda.Event | None = None
+        # the step buffers every graph reads; each step's inputs are copied into their first rows
+        self.static = dict(ids=torch.zeros(B, dtype=torch.long, device=dev),
+                           positions=torch.zeros(B, dtype=torch.long, device=dev),
+                           slots=torch.zeros(B, dtype=torch.long, device=dev),
+                           tables=torch.zeros(B, W, dtype=torch.int32, device=dev),
+                           context=torch.zeros(B, dtype=torch.int32, device=dev))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}     # each graph's output, overwritten by each replay
         self.capture_seconds, self.memory_bytes = self._capture_all() if capture else (0.0, 0)
@@ -95,8 +95,7 @@ class CudaGraphDecode:
     def _capture_all(self) -> tuple[float, int]:
         """Capture every bucket's graph, largest first, into one pool. Returns (seconds, bytes reserved)."""
         dev = self.cache.k.device
-        self._stage(padded_decode_arrays([], [], [], self.buckets[-1], self.width, self.cache.block_size,
-                                         self.scratch_block), self.buckets[-1])   # every row a padding row
+        self._stage_arrays([], [], [], self.buckets[-1])   # every row a padding row
         torch.cuda.synchronize(dev)
         before, start = torch.cuda.memory_reserved(dev), time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
@@ -118,24 +117,20 @@ class CudaGraphDecode:
         return (len(plan.token_ids) <= self.buckets[-1] and all(len(t) == 1 for t in plan.token_ids)
                 and all(s // self.cache.block_size < self.width for s in plan.starts))
 
-    def _stage(self, arrays: dict, b: int) -> None:
-        """Copy the step's padded inputs into the first b rows of the graph's buffers (pinned, non-blocking)."""
-        if self._copied is not None:
-            self._copied.synchronize()      # the previous step's copies out of the staging buffers are done
-        for name, a in arrays.items():
-            host = self.host[name][:b]
-            host.numpy()[:] = a
-            self.static[name][:b].copy_(host, non_blocking=True)
-        if host.is_pinned():
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+    def _stage_arrays(self, token_ids, starts, block_tables, b: int) -> None:
+        """Build a decode step padded to b rows (the eager step's builder: pinned staging, one copy per dtype),
+        then copy it into the first b rows of the graph's buffers, on the stream the replay runs on."""
+        ids, meta = self.inputs.build(token_ids, starts, block_tables, Padding(b, self.width, self.scratch_block))
+        step = dict(ids=ids[0], positions=meta.positions, slots=meta.slot_mapping, tables=meta.block_tables,
+                    context=meta.context_lens)
+        for name, t in step.items():
+            self.static[name][:b].copy_(t)
 
     def _stage_plan(self, plan) -> tuple[int, int]:
         """Stage a decode step padded to its bucket; returns (its sequences, the bucket)."""
         n = len(plan.token_ids)
-        b = self.buckets[bisect.bisect_left(self.buckets, n)]
-        self._stage(padded_decode_arrays(plan.token_ids, plan.starts, plan.block_tables, b, self.width,
-                                         self.cache.block_size, self.scratch_block), b)
+        b = bucket_for(self.buckets, n)
+        self._stage_arrays(plan.token_ids, plan.starts, plan.block_tables, b)
         return n, b
 
     @torch.inference_mode()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler

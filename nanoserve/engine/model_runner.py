@@ -68,8 +68,8 @@ class ModelRunner:
                 and len(plan.sample_rows) == len(plan.token_ids)):
             return self.compiled.forward(plan)     # a decode step: its bucket's graph (every row samples)
         ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables)
-        self.attention.metadata = meta
-        hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
+        with self.attention.step(meta):
+            hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
         if not plan.sample_rows:
             return None
         counts = num_logits or [1] * len(plan.sample_rows)
@@ -77,15 +77,16 @@ class ModelRunner:
         return self.model.lm_head(hidden[rows]).float()  # the head only where we sample
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> dict:
-        """Forward the batch's new tokens; return {seq_id: sampled token} for sequences that reached their end."""
+    def run(self, batch: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Forward the batch's new tokens; return {seq_id: [sampled token]} for sequences that reached their end
+        (a list, as speculative decoding's steps return: one token here, the accepted drafts and one more there)."""
         plan = StepPlan.of(batch)
         logits = self.forward(plan)
         if logits is None:
             return {}
         sampled = [batch[i][0] for i in plan.sample_rows]
         tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
-        return {s.seq_id: t for s, t in zip(sampled, tokens)}
+        return {s.seq_id: [t] for s, t in zip(sampled, tokens)}
 
 
 @torch.inference_mode()

@@ -121,7 +121,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, batch: list[tuple[Sequence, int]], new_tokens: dict, now: float) -> list[Sequence]:
+    def update(self, batch: list[tuple[Sequence, int]], new_tokens: dict[int, list[int]], now: float) -> list[Sequence]:
         """Record what the step computed and sampled; retire sequences that hit a stop token or their
         length. Returns every sequence that got a new token (finished or not)."""
         advanced = []
@@ -132,7 +132,7 @@ class Scheduler:
                 self.blocks.commit_full_blocks(seq)
                 continue
             reason = None
-            for token in tokens if isinstance(tokens, list) else [tokens]:   # several: accepted drafts (ch. 10)
+            for token in tokens:               # one, or several: accepted drafts and the next token (ch. 10)
                 seq.token_ids.append(token)
                 seq.token_times.append(now)
                 if seq.first_token_time is None:

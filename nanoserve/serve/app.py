@@ -19,7 +19,6 @@ What a server must survive, and how this one does:
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 

@@ -35,7 +35,6 @@ import asyncio
 import json
 import math
 import random
-import socket
 import subprocess
 import tempfile
 import time
@@ -356,13 +355,6 @@ def file_prompts(path: str | Path, n: int | None = None) -> tuple[list[str], lis
 
 # --- servers in subprocesses -------------------------------------------------------------------------------
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def wait_healthy(base_url: str, proc: subprocess.Popen, log, timeout_s: float) -> None:
     """Polls GET /health until 200; raises if the process exits first or timeout_s passes (with its log)."""
     deadline = time.monotonic() + timeout_s
@@ -391,7 +383,7 @@ def start_server(cmd: list[str], port: int, timeout_s: float = 120.0, host: str 
     """Runs `cmd` (a server that listens on host:port) for the length of a `with` block; yields its base URL
     once GET /health answers. The process is always stopped on leaving: SIGTERM, then SIGKILL after 10 s.
 
-        port = free_port()
+        port = nanoserve.ports.free_port()
         with start_server([sys.executable, "-m", "nanoserve.serve.naive", "--port", str(port)], port) as url:
             load(url, "course", prompts, max_tokens=32)
     """

@@ -22,7 +22,8 @@ from transformers import LlamaConfig
 
 from nanoserve import COURSE_MODEL, LLM, SamplingParams, models
 from nanoserve.distributed import ShardPlan, check_tensor_parallel_size
-from nanoserve.distributed.group import TensorParallelError, free_port
+from nanoserve.distributed.group import TensorParallelError
+from nanoserve.ports import free_port
 from nanoserve.engine.model_runner import StepPlan
 
 from tiny_models import random_prompts, save_tiny_model

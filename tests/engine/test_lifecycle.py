@@ -1,13 +1,12 @@
 """A request's life as a server sees it: string ids, abort, per-step outputs with text deltas, stop strings,
 times, and EOS from the checkpoint's generation_config.json."""
 import json
-import shutil
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from nanoserve import COURSE_MODEL, LLM, SamplingParams
+from nanoserve import LLM, SamplingParams
 from nanoserve.sampling import sample
 
 from tiny_models import VOCAB, hf_greedy, random_prompts, save_tiny_model

@@ -132,6 +132,36 @@ def test_step_metadata_rows_and_tables_from_tensor_ops():
     assert meta.prefills == [(0, 0, 3, 0), (2, 4, 2, 9)] and meta.last_tokens == [2, 3, 5]
 
 
+def test_a_padded_decode_step_is_the_same_step_with_padding_rows_in_the_scratch_block():
+    """One builder: with a Padding target the real rows are the unpadded step's, the rest point at the scratch block."""
+    from nanoserve.attention import Padding, StepInputs
+    inputs = StepInputs(block_size=4)
+    plan = ([[5], [6], [7]], [6, 0, 9], [[9, 2], [3], [0, 5, 4]])
+    _, plain = inputs.build(*plan)
+    ids, meta = inputs.build(*plan, pad=Padding(batch=4, width=4, scratch_block=30))
+    assert ids.tolist() == [[5, 6, 7, 0]]
+    assert meta.positions.tolist() == plain.positions.tolist() + [0]
+    assert meta.slot_mapping.tolist() == plain.slot_mapping.tolist() + [30 * 4]
+    assert meta.context_lens.tolist() == [7, 1, 10, 1]
+    assert meta.block_tables.tolist() == [[9, 2, 30, 30], [3, 30, 30, 30], [0, 5, 4, 30], [30] * 4]
+    assert meta.all_decodes and meta.decode_tables.tolist() == meta.block_tables.tolist()
+    with pytest.raises(ValueError, match="decodes only"):
+        inputs.build([[5, 6]], [0], [[1]], pad=Padding(1, 1, 30))
+
+
+def test_attention_runs_one_step_at_a_time():
+    from nanoserve.attention import StepInputs
+    llm = LLM(device="cpu", num_kv_blocks=8, max_num_seqs=1)
+    attention = llm.engine.runner.attention
+    _, meta = StepInputs(16).build([[1]], [0], [[0]])
+    with attention.step(meta):
+        assert attention.metadata is meta
+        with pytest.raises(RuntimeError, match="already running a step"):
+            with attention.step(meta):
+                pass
+    assert attention.metadata is None            # left with the step: a later forward cannot read a stale one
+
+
 def test_split_by_length_cuts_where_padding_costs_more_than_a_call():
     assert split_by_length([]) == []
     assert split_by_length([5] * 10) == [(0, 10)]

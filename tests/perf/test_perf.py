@@ -1,5 +1,4 @@
 """Tests of nanoserve.perf: device choice, timing, peak memory, the hardware table and the roofline."""
-import json
 import os
 import sys
 import time

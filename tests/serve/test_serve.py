@@ -6,7 +6,6 @@ every server process is killed at the end of its module even when a test fails.
 """
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import pytest
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.serve.chat import ChatTemplate
-from nanoserve.serve.load import free_port, start_server
+from nanoserve.ports import free_port
+from nanoserve.serve.load import start_server
 from nanoserve import COURSE_MODEL
 
 pytestmark = pytest.mark.slow

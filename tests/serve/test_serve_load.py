@@ -19,7 +19,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from nanoserve.serve.load import (RequestRecord, arrival_intervals, free_port, load, one_at_a_time_waits,
+from nanoserve.ports import free_port
+from nanoserve.serve.load import (RequestRecord, arrival_intervals, load, one_at_a_time_waits,
                                   parse_goodput, send_times, start_server, summarize)
 
 FIRST_S, GAP_S, TOKENS = 0.2, 0.05, 4   # the scripted stream: first text after 0.2 s, then 3 more 0.05 s apart
