@@ -89,10 +89,11 @@ class StepInputs:
         table entries past a row's blocks point there too (masked by the row's length)."""
         bs = self.block_size
         lengths = [len(t) for t in token_ids]
+        if pad is not None and any(n != 1 for n in lengths):
+            raise ValueError(f"a padded step is decodes only, one new token each; this one has {lengths}")
         for i, (table, start, n) in enumerate(zip(block_tables, starts, lengths)):
-            if n < 1 or (pad is not None and n != 1):
-                raise ValueError(f"sequence {i} of the step has {n} new tokens" +
-                                 ("; a padded step is decodes only, one each" if pad is not None else ""))
+            if n < 1:
+                raise ValueError(f"sequence {i} of the step has no new tokens")
             if len(table) * bs < start + n:
                 raise ValueError(f"block table {table} covers {len(table) * bs} positions; the step needs {start + n}")
         if pad is None:
@@ -105,15 +106,16 @@ class StepInputs:
         seq = np.repeat(np.arange(B), lens)
         positions = start_a[seq] + np.arange(seq.size) - first[seq]
         context = (start_a + lens).astype(np.int32)
+        ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=sum(lengths))
         if pad is None:
             tables = np.full((B, max(len(t) for t in block_tables)), -1, dtype=np.int32)
+            for i, t in enumerate(block_tables):      # per sequence, not per token
+                tables[i, :len(t)] = t
         else:
             tables = np.full((B, pad.width), pad.scratch_block, dtype=np.int32)
-        for i, t in enumerate(block_tables):      # per sequence, not per token
-            used = len(t) if pad is None else -(-int(context[i]) // bs)   # padded: the blocks its keys fill
-            tables[i, :used] = t[:used]
-        ids = np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=sum(lengths))
-        if pad is not None:
+            for i, t in enumerate(block_tables):      # the blocks its keys fill; the rest: scratch, masked
+                used = -(-(starts[i] + 1) // bs)
+                tables[i, :used] = t[:used]
             ids = np.concatenate([ids, np.zeros(B - len(lengths), dtype=np.int64)])
         # each new token's cache row: its sequence's block for the position, times block_size, plus the offset
         slots = tables[seq, positions // bs].astype(np.int64) * bs + positions % bs
