@@ -14,10 +14,11 @@ lab: setup
 
 # Every test, in two runs, one after the other. The unit tests (the course's tooling and the exercises
 # included) check correctness, not speed, and most of their time is one busy thread (starting processes and
-# kernels, importing torch): two pytest workers share the cores. The notebooks measure this machine: they run
+# kernels, importing torch): two pytest workers share the cores, each taking whole files (a file's tests run
+# in their order, as in one process). The notebooks measure this machine: they run
 # one at a time with nothing beside them, and with them the labs' tests that read nbval's run of a solution.
 LAB_TESTS := tests/course/test_lab[0-9]*.py
-UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2
+UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2 --dist loadfile
 NOTEBOOKS := -m pytest $(LAB_TESTS) tests/fixtures chapters solutions
 
 test: setup

@@ -58,6 +58,8 @@ class LLMEngine:
         eos = tokenizer.eos_token_ids if tokenizer is not None else model.config.eos_token_ids
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
                                    self.block_manager, eos, config.scheduling)
+        if spec is not None:   # the scheduler reserves the blocks a decode's drafts are run in
+            self.scheduler.num_lookahead_slots = spec.k
         # the runner owns the KV pool; chapter 08 hands in one that also drives the other ranks
         self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size, config.seed,
                                             compilation=config.compilation, max_num_seqs=config.max_num_seqs,
@@ -127,7 +129,7 @@ class LLMEngine:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
         if self.spec is not None:   # chapter 10: decodes carry drafts; each gets its accepted ones and one more
-            new_tokens, computed = self.spec.run(batch, self.runner, self.block_manager, self.scheduler.running)
+            new_tokens, computed = self.spec.run(batch, self.runner, self.scheduler.running)
             batch = [(seq, computed.get(seq.seq_id, n)) for seq, n in batch]
         else:
             new_tokens = self.runner.run(batch)

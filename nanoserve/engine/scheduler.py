@@ -32,6 +32,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.blocks = block_manager
+        # chapter 10: positions past its next token that a decode may also run (a speculative step's drafts)
+        self.num_lookahead_slots = 0
         self.num_preemptions = 0
         self.defer_shared_prefixes = True   # cache-aware admission (below); False: plain first come, first served
         self.num_deferred = 0
@@ -48,7 +50,17 @@ class Scheduler:
         # admit only when nothing had to give way this step: memory is tight, let the running finish
         if not preempted and (self.policy == "continuous" or not self.running):
             batch += self.admit(budget)
+        if self.num_lookahead_slots:
+            self.reserve_lookahead(batch)
         return batch
+
+    def reserve_lookahead(self, batch: list[tuple[Sequence, int]]) -> None:
+        """Chapter 10: blocks for up to num_lookahead_slots positions past each decode's next token, where
+        the pool has them after everyone's next token and every admission (no one is preempted for a draft).
+        What the drafts do not fill goes back in `update`; a decode's drafts never go past its blocks."""
+        for seq, n in batch:
+            if n == 1 and seq.num_cached_tokens + 1 == seq.num_tokens:
+                self.blocks.ensure(seq, seq.num_cached_tokens + 1 + self.num_lookahead_slots)
 
     def schedule_running(self, budget: int) -> tuple[list[tuple[Sequence, int]], int, bool]:
         """The running sequences' part of the step, preempting the latest admitted when blocks run out.

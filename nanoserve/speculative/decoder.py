@@ -1,8 +1,9 @@
 """Chapter 10: a speculative step inside the continuous-batching engine.
 
 The scheduler's batch is taken as it is (prefill chunks, decodes). Each decode may carry up to k proposed
-tokens, if the step's token budget, the request's max_tokens and the model's length allow, and if the pool
-has the blocks: the target then runs `[last token, d_1 .. d_k]` for it, a short prefill chunk, and returns
+tokens, if the step's token budget, the request's max_tokens and the model's length allow, and within the
+blocks the scheduler reserved for them (`Scheduler.reserve_lookahead`: this module never allocates the
+target's blocks). The target then runs `[last token, d_1 .. d_k]` for it, a short prefill chunk, and returns
 logits at all k + 1 positions. `verify` keeps the accepted prefix and adds one token. The keys and values
 written for rejected drafts lie past the sequence's cached length, where nothing reads them, and the blocks
 that hold only such positions go back to the pool (`BlockManager.trim`, in `Scheduler.update`).
@@ -33,31 +34,28 @@ class SpeculativeDecoder:
                                                      s["spec_decode_num_draft_tokens"])
                         if s["spec_decode_num_draft_tokens"] else 0.0)
 
-    def limits(self, batch) -> list[int]:
+    def limits(self, batch, block_size: int) -> list[int]:
         """How many drafts each row may carry: 0 for prefill chunks; for decodes, within k, the tokens the
-        request may still produce, the model's length, and what is left of the step's token budget."""
+        request may still produce, the model's length, the positions its blocks hold past its next token
+        (what the scheduler reserved) and what is left of the step's token budget."""
         budget = self.max_num_batched_tokens - sum(n for _, n in batch)
         out = []
         for seq, n in batch:
             decoding = n == 1 and seq.num_cached_tokens + 1 == seq.num_tokens
             room = min(self.k, seq.params.max_tokens - len(seq.output_token_ids) - 1,
-                       self.max_model_len - seq.num_tokens - 1, budget) if decoding else 0
+                       self.max_model_len - seq.num_tokens - 1,
+                       len(seq.block_table) * block_size - seq.num_tokens, budget) if decoding else 0
             out.append(max(room, 0))
             budget -= out[-1]
         return out
 
     @torch.inference_mode()
-    def run(self, batch, runner, block_manager, running) -> tuple[dict, dict]:
+    def run(self, batch, runner, running) -> tuple[dict, dict]:
         """Propose, verify and sample one step. Returns ({seq_id: [new tokens]}, {seq_id: positions
         computed}) for the rows that sampled; the second is what `Scheduler.update` adds to the cache."""
         self.release(running)             # preempted since the last step
         seqs = [seq for seq, _ in batch]
-        limits = self.limits(batch)
-        drafts, dists = self.proposer.propose(seqs, limits)
-        for i, seq in enumerate(seqs):     # the target's blocks for the drafts' positions, or no drafts
-            if drafts[i] and not block_manager.ensure(seq, seq.num_cached_tokens + 1 + len(drafts[i])):
-                self.proposer.accepted(seq, len(drafts[i]), 0)   # the draft forgets what it ran ahead
-                drafts[i], dists[i] = [], None
+        drafts, dists = self.proposer.propose(seqs, self.limits(batch, runner.kv_cache.block_size))
         plan = StepPlan.of(batch)
         for i, d in enumerate(drafts):
             if d:

@@ -53,6 +53,33 @@ def test_greedy_equals_plain_greedy_under_mixed_batching_and_preemption(referenc
         assert not proposer.states and proposer.blocks.num_free == proposer.blocks.num_blocks
 
 
+def test_the_scheduler_reserves_the_drafts_blocks_and_the_decoder_allocates_none():
+    # a small pool: some steps cannot reserve all k lookahead slots, and the drafts shrink to what was reserved
+    llm = LLM(max_num_seqs=4, max_model_len=128, num_kv_blocks=12, speculative_config=NGRAM)
+    engine, calls = llm.engine, {"in_spec": False, "from_spec": 0, "reserved": 0}
+    ensure, run = engine.block_manager.ensure, engine.spec.run
+
+    def counting_ensure(seq, n):
+        calls["from_spec"] += calls["in_spec"]
+        return ensure(seq, n)
+
+    def spec_run(*args):
+        calls["in_spec"] = True
+        try:
+            return run(*args)
+        finally:
+            calls["in_spec"] = False
+
+    reserve = engine.scheduler.reserve_lookahead
+    engine.block_manager.ensure, engine.spec.run = counting_ensure, spec_run
+    engine.scheduler.reserve_lookahead = lambda batch: (calls.__setitem__("reserved", calls["reserved"] + 1),
+                                                        reserve(batch))
+    outs = llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)
+    assert calls["from_spec"] == 0 and calls["reserved"] > 0
+    assert llm.metrics()["spec_decode_num_draft_tokens"] > 0 and all(o.outputs[0].token_ids for o in outs)
+    assert llm.metrics()["kv_blocks_free"] == llm.metrics()["kv_blocks_total"]
+
+
 @pytest.mark.slow
 def test_lengths_stops_and_seeds_are_kept():
     llm = LLM(max_num_seqs=4, max_model_len=256, speculative_config=NGRAM)
