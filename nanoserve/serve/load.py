@@ -45,6 +45,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from nanoserve.ports import free_port as free_port  # re-exported: chapter 09 takes it from here
+
 SLO_METRICS = ("ttft", "tpot", "e2el")    # the latencies an SLO may bound, in ms (vLLM's --goodput keys)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 MAX_ERRORS_KEPT = 5
@@ -383,7 +385,7 @@ def start_server(cmd: list[str], port: int, timeout_s: float = 120.0, host: str 
     """Runs `cmd` (a server that listens on host:port) for the length of a `with` block; yields its base URL
     once GET /health answers. The process is always stopped on leaving: SIGTERM, then SIGKILL after 10 s.
 
-        port = nanoserve.ports.free_port()
+        port = free_port()
         with start_server([sys.executable, "-m", "nanoserve.serve.naive", "--port", str(port)], port) as url:
             load(url, "course", prompts, max_tokens=32)
     """
