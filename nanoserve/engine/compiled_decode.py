@@ -132,8 +132,10 @@ class CompiledDecode:
         """The step's inputs padded to its bucket: ((batch, width), [ids, positions, slots, tables, context])."""
         B = bucket_for(self.buckets, len(plan.token_ids))
         W = width_bucket(max(s // self.cache.block_size + 1 for s in plan.starts))
-        ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables, Padding(B, W, self.scratch_block))
-        return (B, W), [ids[0], meta.positions, meta.slot_mapping, meta.block_tables, meta.context_lens]
+        a = self.inputs.arrays(plan.token_ids, plan.starts, plan.block_tables, Padding(B, W, self.scratch_block))
+        device = self.cache.k.device
+        return (B, W), [torch.from_numpy(a[k]).to(device, torch.int64) for k in ("ids", "positions", "slots", "tables",
+                                                                                  "context")]
 
     def forward(self, plan) -> torch.Tensor:
         """The fp32 logits of every sequence of a decode step (each samples), through its bucket's graph."""
