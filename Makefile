@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test unit notebooks labs bench grade gpu-check clean
+.PHONY: setup lab test unit labs bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -12,24 +12,15 @@ lab: setup
 	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test, in two runs, one after the other. The unit tests (the course's tooling and the exercises
-# included) check correctness, not speed, and most of their time is one busy thread (starting processes and
-# kernels, importing torch): two pytest workers share the cores, each taking whole files (a file's tests run
-# in their order, as in one process). The notebooks measure this machine: they run
-# one at a time with nothing beside them, and with them the labs' tests that read nbval's run of a solution.
-LAB_TESTS := tests/course/test_lab[0-9]*.py
-UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2 --dist loadfile
-NOTEBOOKS := -m pytest $(LAB_TESTS) tests/fixtures chapters solutions
-
+# Every test in one pytest run, one test at a time: the notebooks measure this machine, and the exercises and
+# labs start Jupyter kernels on ports chosen at random (two runs side by side once collided on one).
 test: setup
-	$(PY) $(UNIT)
-	$(PY) $(NOTEBOOKS)
+	$(PY) -m pytest
 
+# The quick check while working: the engine's unit tests (no notebook, no kernel) on two pytest-xdist workers,
+# each taking whole files so a file's tests run in their order.
 unit: setup
-	$(PY) $(UNIT)
-
-notebooks: setup
-	$(PY) $(NOTEBOOKS)
+	$(PY) -m pytest tests --ignore=tests/course --ignore=tests/fixtures -n 2 --dist loadfile
 
 labs: setup
 	$(PY) tools/make_labs.py
