@@ -60,7 +60,7 @@ class StepInputs:
         self._host = {np.int64: torch.empty(0, dtype=torch.int64), np.int32: torch.empty(0, dtype=torch.int32)}
         self._copied = {}   # CUDA: an event per buffer, recorded after its copy was queued
 
-    def _to_device(self, parts: list[np.ndarray], dtype) -> list[torch.Tensor]:
+    def to_device(self, parts: list[np.ndarray], dtype) -> list[torch.Tensor]:
         """The arrays as tensors on the device. CPU: views of the arrays, no copy. CUDA: packed into the
         persistent pinned buffer of `dtype` (grown to the largest step seen) and sent in one copy."""
         if self.device.type == "cpu":
@@ -128,13 +128,13 @@ class StepInputs:
         tables, context, first, lens = a["tables"], a["context"], a["first"], a["lens"]
         dec = np.flatnonzero(lens == 1)
         decode_blocks = [-(-int(c) // self.block_size) for c in context[dec]]
-        ids_t, pos_t, slots_t, dec_tok_t = self._to_device([a["ids"], a["positions"], a["slots"], first[dec]], np.int64)
+        ids_t, pos_t, slots_t, dec_tok_t = self.to_device([a["ids"], a["positions"], a["slots"], first[dec]], np.int64)
         if pad is None:
             dec_tables = tables[dec, :max(decode_blocks, default=0)]
-            tables_t, ctx_t, dec_tables_t, dec_ctx_t = self._to_device([tables, context, dec_tables, context[dec]],
+            tables_t, ctx_t, dec_tables_t, dec_ctx_t = self.to_device([tables, context, dec_tables, context[dec]],
                                                                        np.int32)
         else:   # every row decodes, at the table width: the decode view is the step itself, sent once
-            tables_t, ctx_t = self._to_device([tables, context], np.int32)
+            tables_t, ctx_t = self.to_device([tables, context], np.int32)
             dec_tables_t, dec_ctx_t = tables_t, ctx_t
         meta = AttentionMetadata(
             positions=pos_t, slot_mapping=slots_t, block_tables=tables_t, context_lens=ctx_t,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from nanoserve.attention.metadata import Padding, StepInputs
@@ -118,12 +119,12 @@ class CudaGraphDecode:
                 and all(s // self.cache.block_size < self.width for s in plan.starts))
 
     def _stage_arrays(self, token_ids, starts, block_tables, b: int) -> None:
-        """Build a decode step padded to b rows (the eager step's builder: pinned staging, one copy per dtype),
-        then copy it into the first b rows of the graph's buffers, on the stream the replay runs on."""
-        ids, meta = self.inputs.build(token_ids, starts, block_tables, Padding(b, self.width, self.scratch_block))
-        step = dict(ids=ids[0], positions=meta.positions, slots=meta.slot_mapping, tables=meta.block_tables,
-                    context=meta.context_lens)
-        for name, t in step.items():
+        """A decode step padded to b rows (the eager step's builder, sent from its pinned buffers, one copy per
+        dtype), copied into the first b rows of the graph's buffers on the stream the replay runs on."""
+        a = self.inputs.arrays(token_ids, starts, block_tables, Padding(b, self.width, self.scratch_block))
+        longs = self.inputs.to_device([a["ids"], a["positions"], a["slots"]], np.int64)
+        ints = self.inputs.to_device([a["tables"], a["context"]], np.int32)
+        for name, t in zip(("ids", "positions", "slots", "tables", "context"), longs + ints):
             self.static[name][:b].copy_(t)
 
     def _stage_plan(self, plan) -> tuple[int, int]:
