@@ -90,6 +90,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _notebook_seconds[path] += report.duration
 
 
+def pytest_report_header(config) -> str:
+    """The CPU the run landed on, in the report's header: lessons that measure depend on it (BF16 and AMX units, the
+    vendor's kernels), so a red run on one CPU and a green one on another must say which was which."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return "cpu: unknown (no /proc/cpuinfo)"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
+    return f"cpu: {model}, {info.count('processor')} logical cores, {' '.join(units) or 'no AVX2'}"
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not _notebook_seconds:
         return
