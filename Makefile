@@ -12,8 +12,7 @@ lab: setup
 	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test in one pytest run, one test at a time: the notebooks measure this machine, and the exercises and
-# labs start Jupyter kernels on ports chosen at random (two runs side by side once collided on one).
+# Every test in one pytest run, one test at a time: the notebooks measure this machine.
 test: setup
 	$(PY) -m pytest
 

@@ -37,6 +37,20 @@ def _is_nbval_cell(item: pytest.Item) -> bool:
     return type(item).__name__ == "IPyNbCell" and type(item).__module__.startswith("nbval")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """nbval's kernels listen on Unix sockets of their own, as the grader's do (nanoserve.course.grade.kernel_sockets):
+    on TCP ports picked at random, a kernel starting beside a test's server can lose a port to it."""
+    try:
+        import nbval.kernel
+    except ImportError:
+        return
+    from jupyter_client.manager import KernelManager
+
+    from nanoserve.course.grade import kernel_sockets
+
+    nbval.kernel.KernelManager = lambda **kw: KernelManager(**kw, **kernel_sockets())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A lab's mistake tests read what conftest replays in nbval's run of its solution (tests/support/lab_grading.py):
     # they run after the notebooks.

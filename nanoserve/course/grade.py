@@ -19,8 +19,13 @@ This is a classroom convenience, not a proctor: a learner who edits the check ce
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +54,24 @@ def current_env_kernel_manager():
                                               **ipykernel.kernelspec.get_kernel_dict())
             return super().get_kernel_spec(kernel_name)
 
-    return AsyncKernelManager(kernel_name=CURRENT_ENV_KERNEL, kernel_spec_manager=_CurrentEnvSpecs())
+    return AsyncKernelManager(kernel_name=CURRENT_ENV_KERNEL, kernel_spec_manager=_CurrentEnvSpecs(),
+                              **kernel_sockets())
+
+
+_SOCKET_DIR: list[str] = []
+
+
+def kernel_sockets() -> dict:
+    """Where a kernel this process starts listens: Unix sockets in a private folder on POSIX, TCP elsewhere.
+    Jupyter's default picks five free TCP ports by binding and releasing them, and the kernel binds them a moment
+    later: a server or another kernel started in between can take one ("Address already in use"). A socket file
+    of our own cannot be taken."""
+    if os.name != "posix":
+        return {}
+    if not _SOCKET_DIR:
+        _SOCKET_DIR.append(tempfile.mkdtemp(prefix="nanoserve-kernels-"))
+        atexit.register(shutil.rmtree, _SOCKET_DIR[0], True)
+    return dict(transport="ipc", ip=os.path.join(_SOCKET_DIR[0], uuid.uuid4().hex[:12]))
 
 
 def notebook_client(nb, path: Path, timeout: float):
