@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test unit labs bench grade gpu-check clean
+.PHONY: setup lab test unit notebooks labs bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -12,14 +12,25 @@ lab: setup
 	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_the_stack.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Every test in one pytest run, one test at a time: the notebooks measure this machine.
-test: setup
-	$(PY) -m pytest
+# Every test, in two pytest runs, one after the other. First the unit tests (the engine's, the course tooling's,
+# the exercises'): they check correctness, not speed, and most of their time is one busy thread (starting
+# processes and kernels, importing torch), so two pytest-xdist workers share the cores, each taking whole files
+# (a file's tests run in their order, as in one process). Then the notebooks, which measure this machine: one at a
+# time with nothing beside them, and with them the labs' tests that read nbval's run of each solution.
+LAB_TESTS := tests/course/test_lab[0-9]*.py
+UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2 --dist loadfile
+NOTEBOOKS := -m pytest $(LAB_TESTS) tests/fixtures chapters solutions
 
-# The quick check while working: the engine's unit tests (no notebook, no kernel) on two pytest-xdist workers,
-# each taking whole files so a file's tests run in their order.
+test: setup
+	$(PY) $(UNIT)
+	$(PY) $(NOTEBOOKS)
+
+# The quick check while working: the unit tests alone (about four minutes); `make notebooks` runs the rest.
 unit: setup
-	$(PY) -m pytest tests --ignore=tests/course --ignore=tests/fixtures -n 2 --dist loadfile
+	$(PY) $(UNIT)
+
+notebooks: setup
+	$(PY) $(NOTEBOOKS)
 
 labs: setup
 	$(PY) tools/make_labs.py
