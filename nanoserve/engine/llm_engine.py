@@ -154,18 +154,11 @@ class LLMEngine:
         seq.num_detokenized = seq.num_tokens
         if seq.is_finished:
             seq.text += seq.detokenizer.flush()
-        stops = seq.params.stop or ()
-        if stops:
-            longest = max(map(len, stops))
-            search_from = max(0, seq.num_text_sent - longest + 1)   # a match may start in held-back text only
-            found = [(i, s) for s in stops if (i := seq.text.find(s, search_from)) >= 0]
-            if found:
-                cut, stop = min(found)
-                seq.text = seq.text[:cut]
-                if seq.finish_reason != "stop":   # also when this token reached max_tokens: the stop string wins
-                    seq.stop_reason = stop
-                    self.scheduler.finish(seq, "stop", now)
-        hold = 0 if seq.is_finished or not stops else max(map(len, stops)) - 1
+        stop = self.scheduler.stopper.check_text(seq)   # cuts seq.text before the stop string
+        if stop is not None and seq.finish_reason != "stop":   # also when this token reached max_tokens: the string wins
+            seq.stop_reason = stop
+            self.scheduler.finish(seq, "stop", now)
+        hold = self.scheduler.stopper.held_back(seq)
         ready = max(seq.num_text_sent, len(seq.text) - hold)
         delta, seq.num_text_sent = seq.text[seq.num_text_sent:ready], ready
         return delta

@@ -17,6 +17,7 @@ from collections import deque
 
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.sequence import Sequence, Status
+from nanoserve.engine.stopping import StopChecker
 
 
 class Scheduler:
@@ -27,8 +28,7 @@ class Scheduler:
         self.policy = policy  # "static": a batch is admitted together and no one joins until all of it is done
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.eos_token_ids = set(eos_token_ids)
+        self.stopper = StopChecker(eos_token_ids, max_model_len)   # its stop tokens and length (stop strings: the engine)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.blocks = block_manager
@@ -149,7 +149,7 @@ class Scheduler:
                 seq.token_times.append(now)
                 if seq.first_token_time is None:
                     seq.first_token_time = now
-                reason = self.stop_reason(seq, token)
+                reason = self.stopper.check_token(seq, token)
                 if reason:
                     break
             self.blocks.commit_full_blocks(seq)
@@ -159,15 +159,6 @@ class Scheduler:
                 self.blocks.trim(seq, seq.num_tokens)
             advanced.append(seq)
         return advanced
-
-    def stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if (not p.ignore_eos and token in self.eos_token_ids) or (p.stop_token_ids and token in p.stop_token_ids):
-            seq.stop_reason = token
-            return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def finish(self, seq: Sequence, reason: str, now: float) -> None:
         """Retire `seq` wherever it is (waiting or running): its blocks go back to the pool."""

@@ -63,7 +63,7 @@ def test_stop_conditions(model_dir, reference):
 
 def test_eos_stops_unless_ignored(model_dir):
     llm = LLM(str(model_dir))
-    llm.engine.scheduler.eos_token_ids = set(range(VOCAB))  # every token is EOS: stop after one
+    llm.engine.scheduler.stopper.eos_token_ids = set(range(VOCAB))  # every token is EOS: stop after one
     o = llm.generate([[7, 8, 9]], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)[0].outputs[0]
     assert len(o.token_ids) == 1 and o.finish_reason == "stop"
     o = llm.generate([[7, 8, 9]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
