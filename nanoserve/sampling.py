@@ -6,6 +6,7 @@ brought its own seed (so a seeded request gives the same tokens whatever else is
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -29,8 +30,8 @@ class SamplingParams:
     def __post_init__(self):
         def bad(name, value, expected):
             raise FieldError(name, value, expected, owner="SamplingParams.")
-        if not is_number(self.temperature) or not self.temperature >= 0:
-            bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
+        if not is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            bad("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
         if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", self.top_p, "a number in (0, 1]")
         if not is_int(self.top_k) or self.top_k < -1:

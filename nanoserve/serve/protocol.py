@@ -3,8 +3,9 @@
 A request body is read field by field: each known field has one expected type, and a wrong one is a 400
 whose message names the field (`param`), as OpenAI's API answers. Unknown fields are ignored, as vLLM does
 (clients send fields like `user` that change nothing here). Fields the engine does not implement are
-accepted only at their neutral value (`n=1`, `logprobs=null`, penalties 0); anything else is a 400 that
-says so, rather than a response that silently ignored what was asked.
+accepted only at their neutral value (`n=1`, `logprobs=null`, penalties 0, `min_tokens=0`, ...); anything else
+is a 400 that says so, rather than a response that silently ignored what was asked. So is a number that is not
+finite (JSON's 1e999 parses as infinity).
 
 Responses follow OpenAI's framing: `text_completion` / `chat.completion` objects, and for a stream
 `text_completion` / `chat.completion.chunk` chunks sent as server-sent events (`sse`).
@@ -12,6 +13,7 @@ Responses follow OpenAI's framing: `text_completion` / `chat.completion` objects
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,9 +50,11 @@ _SAMPLING_FIELDS = {
     "stop": ((str, list), "a string or a list of strings"),
     "stream_options": ((dict,), "an object"),
     "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER, "repetition_penalty": _NUMBER,
+    "stop_token_ids": ((list,), "a list of token ids"),
 }
 _NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logprobs": None,
-            "top_logprobs": None, "echo": False, "best_of": 1, "suffix": None, "logit_bias": None, "tools": None}
+            "top_logprobs": None, "echo": False, "best_of": 1, "suffix": None, "logit_bias": None, "tools": None,
+            "min_tokens": 0, "min_p": 0, "include_stop_str_in_output": False, "response_format": {"type": "text"}}
 
 
 def _field(body: dict, name: str, default=None):
@@ -62,6 +66,8 @@ def _field(body: dict, name: str, default=None):
     # JSON true/false are Python bools, which are ints too: a bool is only a bool here
     if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
         raise bad(name, f"expected {expected}, got {json.dumps(value)[:40]}")
+    if isinstance(value, float) and not math.isfinite(value):   # JSON's 1e999 parses as inf
+        raise bad(name, f"expected a finite number, got {value}")
     return value
 
 
@@ -111,6 +117,8 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[S
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise bad("stream_options.include_usage", f"expected true or false, got {json.dumps(include_usage)[:40]}")
+        if options.get("continuous_usage_stats", False) is not False:
+            raise bad("stream_options.continuous_usage_stats", "is not supported by this server (only false)")
     max_tokens = body.get(max_tokens_field)
     if max_tokens is None and max_tokens_field != "max_tokens":
         max_tokens = body.get("max_tokens")   # chat: max_completion_tokens, or the older max_tokens
@@ -121,7 +129,8 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[S
         raise bad("stop", "expected a string or a list of strings")
     kwargs = dict(temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
                   top_k=_field(body, "top_k", -1), max_tokens=16 if max_tokens is None else max_tokens,
-                  ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None)
+                  ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None,
+                  stop_token_ids=_field(body, "stop_token_ids"))
     try:
         params = SamplingParams(**kwargs)
     except FieldError as e:               # the field it names, and what it expects

@@ -6,7 +6,7 @@ from nanoserve.sampling import SamplingParams, filter_logits, probs, sample
 
 
 @pytest.mark.parametrize("field,value", [
-    ("temperature", -0.1), ("temperature", float("nan")), ("temperature", "hot"),
+    ("temperature", -0.1), ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "hot"),
     ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("top_k", 2.5),
     ("max_tokens", 0), ("max_tokens", 3.0), ("seed", "x"), ("seed", 2**64), ("seed", -2**63 - 1), ("stop_token_ids", [1, -1]),
 ])

@@ -168,6 +168,17 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
     ({"prompt": "def f", "model": "gpt-4"}, 404, "model"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),
+    (b'{"prompt": "def f", "temperature": 1e999}', 400, "temperature"),      # parsed as inf
+    (b'{"prompt": "def f", "top_p": NaN}', 400, "top_p"),                    # Python's json reads NaN
+    ({"prompt": "def f", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ({"prompt": "def f", "stop_token_ids": 5}, 400, "stop_token_ids"),
+    # fields the engine does not implement: a 400 that names them, never silently ignored
+    ({"prompt": "def f", "min_tokens": 4}, 400, "min_tokens"),
+    ({"prompt": "def f", "min_p": 0.1}, 400, "min_p"),
+    ({"prompt": "def f", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ({"prompt": "def f", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"prompt": "def f", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+     "stream_options.continuous_usage_stats"),
 ]
 
 
@@ -189,6 +200,19 @@ def test_bad_requests_get_4xx_with_openai_error_json_and_the_server_keeps_servin
     r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
                                                      "temperature": 0}, timeout=TIMEOUT)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[PROMPTS[0]]
+
+
+def test_stop_token_ids_end_a_completion_where_the_offline_engine_ends_it(server):
+    llm = LLM(max_num_seqs=8, max_model_len=1024)
+    greedy = dict(temperature=0.0, max_tokens=MAX_TOKENS)
+    full = llm.generate([PROMPTS[0]], SamplingParams(**greedy), use_tqdm=False)[0].outputs[0]
+    stop_id = full.token_ids[3]
+    cut = llm.generate([PROMPTS[0]], SamplingParams(**greedy, stop_token_ids=[stop_id]), use_tqdm=False)[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.token_ids == full.token_ids[:full.token_ids.index(stop_id) + 1]
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], **greedy, "stop_token_ids": [stop_id]},
+                   timeout=TIMEOUT)
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "stop" and choice["text"] == cut.text, r.text
 
 
 def test_64_concurrent_streams_over_rounds_all_complete_and_leak_nothing(server, offline):
