@@ -121,21 +121,16 @@ class StepInputs:
         slots = tables[seq, positions // bs].astype(np.int64) * bs + positions % bs
         return dict(ids=ids, positions=positions, slots=slots, tables=tables, context=context, first=first, lens=lens)
 
-    def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]],
-              pad: Padding | None = None):
-        """The step's input ids [1, N] and AttentionMetadata on the device (arguments: `arrays`)."""
-        a = self.arrays(token_ids, starts, block_tables, pad)
+    def build(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]):
+        """The step's input ids [1, N] and AttentionMetadata on the device (arguments: `arrays`). The padded
+        decode steps (compiled, CUDA graphs) take `arrays` with a Padding and send only what their graph reads."""
+        a = self.arrays(token_ids, starts, block_tables)
         tables, context, first, lens = a["tables"], a["context"], a["first"], a["lens"]
         dec = np.flatnonzero(lens == 1)
         decode_blocks = [-(-int(c) // self.block_size) for c in context[dec]]
         ids_t, pos_t, slots_t, dec_tok_t = self.to_device([a["ids"], a["positions"], a["slots"], first[dec]], np.int64)
-        if pad is None:
-            dec_tables = tables[dec, :max(decode_blocks, default=0)]
-            tables_t, ctx_t, dec_tables_t, dec_ctx_t = self.to_device([tables, context, dec_tables, context[dec]],
-                                                                       np.int32)
-        else:   # every row decodes, at the table width: the decode view is the step itself, sent once
-            tables_t, ctx_t = self.to_device([tables, context], np.int32)
-            dec_tables_t, dec_ctx_t = tables_t, ctx_t
+        dec_tables = tables[dec, :max(decode_blocks, default=0)]
+        tables_t, ctx_t, dec_tables_t, dec_ctx_t = self.to_device([tables, context, dec_tables, context[dec]], np.int32)
         meta = AttentionMetadata(
             positions=pos_t, slot_mapping=slots_t, block_tables=tables_t, context_lens=ctx_t,
             decode_tokens=dec_tok_t, decode_tables=dec_tables_t, decode_context=dec_ctx_t,

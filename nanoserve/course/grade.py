@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import shutil
 import sys
@@ -58,9 +59,6 @@ def current_env_kernel_manager():
                               **kernel_sockets())
 
 
-_SOCKET_DIR: list[str] = []
-
-
 def kernel_sockets() -> dict:
     """Where a kernel this process starts listens: Unix sockets in a private folder on POSIX, TCP elsewhere.
     Jupyter's default picks five free TCP ports by binding and releasing them, and the kernel binds them a moment
@@ -68,10 +66,15 @@ def kernel_sockets() -> dict:
     of our own cannot be taken."""
     if os.name != "posix":
         return {}
-    if not _SOCKET_DIR:
-        _SOCKET_DIR.append(tempfile.mkdtemp(prefix="nanoserve-kernels-"))
-        atexit.register(shutil.rmtree, _SOCKET_DIR[0], True)
-    return dict(transport="ipc", ip=os.path.join(_SOCKET_DIR[0], uuid.uuid4().hex[:12]))
+    return dict(transport="ipc", ip=os.path.join(_socket_dir(), uuid.uuid4().hex[:12]))
+
+
+@functools.cache
+def _socket_dir() -> str:
+    """This process's folder for its kernels' sockets, removed when it exits."""
+    path = tempfile.mkdtemp(prefix="nanoserve-kernels-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def notebook_client(nb, path: Path, timeout: float):

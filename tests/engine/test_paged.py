@@ -138,15 +138,14 @@ def test_a_padded_decode_step_is_the_same_step_with_padding_rows_in_the_scratch_
     inputs = StepInputs(block_size=4)
     plan = ([[5], [6], [7]], [6, 0, 9], [[9, 2], [3], [0, 5, 4]])
     _, plain = inputs.build(*plan)
-    ids, meta = inputs.build(*plan, pad=Padding(batch=4, width=4, scratch_block=30))
-    assert ids.tolist() == [[5, 6, 7, 0]]
-    assert meta.positions.tolist() == plain.positions.tolist() + [0]
-    assert meta.slot_mapping.tolist() == plain.slot_mapping.tolist() + [30 * 4]
-    assert meta.context_lens.tolist() == [7, 1, 10, 1]
-    assert meta.block_tables.tolist() == [[9, 2, 30, 30], [3, 30, 30, 30], [0, 5, 4, 30], [30] * 4]
-    assert meta.all_decodes and meta.decode_tables.tolist() == meta.block_tables.tolist()
+    a = inputs.arrays(*plan, pad=Padding(batch=4, width=4, scratch_block=30))
+    assert a["ids"].tolist() == [5, 6, 7, 0]
+    assert a["positions"].tolist() == plain.positions.tolist() + [0]
+    assert a["slots"].tolist() == plain.slot_mapping.tolist() + [30 * 4]
+    assert a["context"].tolist() == [7, 1, 10, 1]
+    assert a["tables"].tolist() == [[9, 2, 30, 30], [3, 30, 30, 30], [0, 5, 4, 30], [30] * 4]
     with pytest.raises(ValueError, match="decodes only"):
-        inputs.build([[5, 6]], [0], [[1]], pad=Padding(1, 1, 30))
+        inputs.arrays([[5, 6]], [0], [[1]], pad=Padding(1, 1, 30))
 
 
 def test_attention_runs_one_step_at_a_time():
