@@ -1,8 +1,8 @@
 """The chapter 05 Triton kernels on a GPU: time, achieved bandwidth, and the PyTorch reference beside them.
 
-Each kernel runs on one Llama-3-8B-shaped step (`nanoserve.kernels.cost.WORKLOAD`, bf16), timed with
+Each kernel runs on one Llama-3-8B-shaped step (`nanoserve.perf.kernel_cost.WORKLOAD`, bf16), timed with
 `triton.testing.do_bench` (median). Achieved bandwidth is the kernel's minimum bytes
-(`nanoserve.kernels.cost`) over its time, against this GPU's row of `nanoserve.perf.HARDWARE` (its
+(`nanoserve.perf.kernel_cost`) over its time, against this GPU's row of `nanoserve.perf.HARDWARE` (its
 datasheet bandwidth) and the roofline's predicted time. The peer is the PyTorch reference on the same
 inputs: the ratio says what the kernel buys. Results go to benchmarks/results/.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nanoserve.course.bench import machine_info, save_record
-from nanoserve.kernels import bench, cost
+from nanoserve.perf import kernel_bench as bench, kernel_cost as cost
 
 
 def main(argv=None):

@@ -42,7 +42,7 @@ class ProfilePeak:
 
 class WorkerTask:
     """A message that runs itself on every worker: the seam through which tooling (chapter 08's per-rank
-    profiler, `distributed.profiling`) reaches the ranks without this module importing it. Unpickling the
+    profiler, `perf.ranks`) reaches the ranks without this module importing it. Unpickling the
     message loads its module in the worker. `run` returns what to send back to rank 0, or None."""
 
     def run(self, worker: "Worker") -> object | None:

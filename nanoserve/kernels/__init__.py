@@ -15,14 +15,16 @@
 | `flash_attention`   | `flash_prefill`                      | `flash_prefill_ref`          |
 
 Inside each module the plain name is the kernel's launcher and `<name>_ref` the PyTorch reference.
-`select()` returns a `KernelSet`: the functions of one backend, bound once. The backends:
+`select()` returns a `KernelSet`: the functions of one backend that a model calls (not the teaching
+softmax: no layer calls it), bound once. The backends:
 
 - "torch": every op is its PyTorch reference (paged attention gathers the blocks it reads);
 - "cpu": the references, except decode attention, which is the C kernel that reads the blocks in place;
 - "triton": the Triton kernels (compiled on a GPU; on a CPU, run by Triton's interpreter: slow, exact).
 
-`auto` means triton on CUDA, cpu elsewhere (torch where no C compiler is found). `cost` counts each
-kernel's FLOPs and bytes for the roofline; `bench` times them on a GPU (`benchmarks/kernels.py`).
+`auto` means triton on CUDA, cpu elsewhere (torch where no C compiler is found). The measuring lives in
+`nanoserve.perf`: `kernel_cost` counts each kernel's FLOPs and bytes for the roofline, `kernel_bench` times
+them on a GPU (`benchmarks/kernels.py`).
 
 Where torch sees no CUDA device, Triton can only run its interpreter. `@triton.jit` decides between
 compiling and interpreting when a kernel is *defined*, and the interpreter checks again at launch,
@@ -37,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from nanoserve.kernels import activation, cpu_attention, flash_attention, norm, paged_attention, rotary, row_softmax
+from nanoserve.kernels import activation, cpu_attention, flash_attention, norm, paged_attention, rotary
 from nanoserve.kernels._triton import HAVE_TRITON
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
@@ -84,7 +86,6 @@ class KernelSet:
     fused_add_rms_norm: Callable
     silu_and_mul: Callable
     rotary_embedding: Callable           # in place on q and k; returns (q, k)
-    softmax: Callable
     paged_decode_attention: Callable     # (q, k_cache, v_cache, block_tables, context_lens, scale, window)
     flash_prefill: Callable              # (q, k, v, q_offset, scale, window)
     decode_in_place: bool = False        # decode attention reads the KV blocks where they are (the reference
@@ -96,14 +97,14 @@ class KernelSet:
 def _reference_ops() -> dict:
     return dict(rms_norm=norm.rms_norm_ref, fused_add_rms_norm=norm.fused_add_rms_norm_ref,
                 silu_and_mul=activation.silu_and_mul_ref, rotary_embedding=rotary.rotary_embedding_ref,
-                softmax=row_softmax.softmax_ref, paged_decode_attention=paged_attention.paged_decode_attention_ref,
+                paged_decode_attention=paged_attention.paged_decode_attention_ref,
                 flash_prefill=flash_attention.flash_prefill_ref)
 
 
 def _triton_ops() -> dict:
     return dict(rms_norm=norm.rms_norm, fused_add_rms_norm=norm.fused_add_rms_norm,
                 silu_and_mul=activation.silu_and_mul, rotary_embedding=rotary.rotary_embedding,
-                softmax=row_softmax.softmax, paged_decode_attention=paged_attention.paged_decode_attention,
+                paged_decode_attention=paged_attention.paged_decode_attention,
                 flash_prefill=flash_attention.flash_prefill)
 
 

@@ -8,7 +8,7 @@ Which kernel is fast is a property of the kernel and the chip, not of "int8" (ch
   result comes back in the model's dtype: one rounding of the layer's input and output to bf16.
   The int8 op's AVX-512 path reads inputs in blocks of 16 and crashes (a segfault, torch 2.13) when
   `in_features` is not a multiple of 16: the codes are stored padded to 16 columns, the input padded to match.
-- "triton" (GPU): `nanoserve.kernels.quant_matmul`, which dequantises in registers (our formats).
+- "triton" (GPU): `nanoserve.quant.matmul`, which dequantises in registers (our formats).
 - "reference": dequantise to the activation's dtype, then `F.linear`. Correct everywhere and slow
   everywhere: it writes and reads back a full-precision copy of the weight on every call.
 """
@@ -93,10 +93,10 @@ class QuantLinear(nn.Module):
                 y = self._aten_int4(x2)
             y = y.to(x.dtype).reshape(*lead, self.out_features)
         elif self.backend == "triton":
-            from nanoserve.kernels import quant_matmul
+            from nanoserve.quant import matmul
             if self.scheme == "int8":
-                return quant_matmul.int8_matmul(x, self.qweight, self.scales, self.bias)
-            return quant_matmul.int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.bias)
+                return matmul.int8_matmul(x, self.qweight, self.scales, self.bias)
+            return matmul.int4_matmul(x, self.packed, self.scales, self.mins, self.group_size, self.bias)
         else:
             return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
         return y if self.bias is None else y + self.bias

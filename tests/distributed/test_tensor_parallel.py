@@ -213,7 +213,7 @@ def test_nccl_tp2_matches_one_gpu():
 
 
 def test_profile_ranks_reports_every_rank_with_communication():
-    from nanoserve.distributed.profiling import profile_ranks
+    from nanoserve.perf.ranks import profile_ranks
     with LLM(tensor_parallel_size=2, device="cpu", max_num_seqs=4) as llm:
         prompts, params = [[5, 6, 7]] * 4, SamplingParams(max_tokens=8, ignore_eos=True)
         reports, outs = profile_ranks(llm, llm.generate, prompts, params, use_tqdm=False)

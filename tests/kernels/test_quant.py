@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from nanoserve import LLM, SamplingParams, models, quant
-from nanoserve.quant import accuracy, formats
+from nanoserve.course import accuracy
+from nanoserve.quant import formats
 from nanoserve.quant.linear import QuantLinear
 
 PROMPTS = ["def add(a, b):", "import os\n", "class Cache:\n    def"]

@@ -1,4 +1,4 @@
-"""Weight-only quantized matmul kernels (nanoserve.kernels.quant_matmul) against their PyTorch references.
+"""Weight-only quantized matmul kernels (nanoserve.quant.matmul) against their PyTorch references.
 
 On a machine without CUDA the Triton kernels run in Triton's interpreter, so shapes stay small; the
 `gpu` tests run the compiled kernels at the course model's MLP shapes.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanoserve.kernels import quant_matmul as qm
+from nanoserve.quant import matmul as qm
 from nanoserve.quant import formats
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve import perf
 from nanoserve.distributed.group import TensorParallelError, timeout_s
 from nanoserve.distributed.worker import WorkerTask
+from nanoserve.perf.profile import profile
 
 
 @dataclass
@@ -73,7 +73,7 @@ def profile_ranks(llm, fn, *args, **kwargs) -> tuple[list[dict], object]:
     """Run `fn(*args, **kwargs)` on rank 0 while every rank profiles; ([summary per rank], fn's result)."""
     tp = getattr(llm, "tp", None)
     if tp is None:
-        prof = perf.profile(fn, *args, **kwargs)
+        prof = profile(fn, *args, **kwargs)
         return [summarize(0, prof)], prof.result
     group = tp.group
     if group is None or not group.spawned:
@@ -90,7 +90,7 @@ def profile_ranks(llm, fn, *args, **kwargs) -> tuple[list[dict], object]:
 
     group.send(StartProfile())
     try:
-        prof = perf.profile(call)
+        prof = profile(call)
     finally:
         if not stopped:
             group.send(StopProfile())

@@ -12,8 +12,10 @@ import re
 
 import torch
 
-from nanoserve.kernels import activation, cost, flash_attention, norm, paged_attention, rotary, row_softmax
-from nanoserve.perf import HARDWARE, Hardware, measure_ceilings, roofline
+from nanoserve.kernels import activation, flash_attention, norm, paged_attention, rotary, row_softmax
+from nanoserve.perf import kernel_cost as cost
+from nanoserve.perf.hardware import HARDWARE, Hardware, measure_ceilings
+from nanoserve.perf.roofline import roofline
 
 
 def hardware_row() -> Hardware:
