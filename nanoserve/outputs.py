@@ -5,6 +5,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability under the model: the log-softmax of its raw logits (before temperature,
+    top-k and top-p), and its rank in that distribution (1: the most likely token)."""
+    logprob: float
+    rank: int
+
+
+TokenLogprobs = dict[int, Logprob]   # one position: the token there first, then the top-k others
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str                      # all the text so far (stop strings and what follows them are never in it)
@@ -12,6 +23,7 @@ class CompletionOutput:
     finish_reason: str | None      # None while running; "stop" | "length" | "abort" | "error" (see RequestOutput.error)
     text_delta: str = ""           # the text this step added: what a stream sends (joined, the deltas are `text`)
     stop_reason: int | str | None = None   # the stop token id or stop string that ended it, when one did
+    logprobs: list[TokenLogprobs] | None = None   # with SamplingParams.logprobs: one per generated token
 
 
 @dataclass
@@ -25,3 +37,5 @@ class RequestOutput:
     # token_times (one per generated token: inter-token times are their differences); time_in_queue, ttft
     metrics: dict = field(default_factory=dict)
     error: str | None = None        # why this request failed (the others still ran)
+    # with SamplingParams.prompt_logprobs: one per prompt token, None for the first (nothing predicts it)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanoserve.outputs import Logprob, TokenLogprobs
 from nanoserve.validation import FieldError, check_int, is_int, is_number
+
+MAX_LOGPROBS = 20   # the most top-k log-probabilities a position returns (vLLM's and OpenAI's limit)
 
 
 @dataclass
@@ -26,6 +29,8 @@ class SamplingParams:
     stop_token_ids: list[int] | None = field(default=None)
     seed: int | None = None       # same seed, same tokens
     stop: list[str] | None = field(default=None)   # stop strings: generation ends before the first one (not in the text)
+    logprobs: int | None = None          # return each generated token's log-probability and the top-k (0..20)
+    prompt_logprobs: int | None = None   # the same for every prompt token (the prompt is then computed, not cached)
 
     def __post_init__(self):
         def bad(name, value, expected):
@@ -49,6 +54,10 @@ class SamplingParams:
             if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
                 bad("stop", self.stop, "a non-empty str or a list of non-empty str")
             self.stop = list(stop)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                bad(name, k, f"an int in [0, {MAX_LOGPROBS}] or None")
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
     @property
@@ -115,3 +124,21 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     sampled = (p / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(-1)
     is_greedy = torch.tensor([q.greedy for q in params], device=dev)
     return torch.where(is_greedy, greedy_tokens, sampled)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_k: list[int]) -> list[TokenLogprobs]:
+    """For each row of logits [B, V]: the log-probability and rank of token_ids[row], then the row's top_k[row]
+    most likely tokens, from the log-softmax of the raw logits (what OpenAI's and vLLM's `logprobs` report)."""
+    logp = logits.float().log_softmax(-1)
+    chosen = logp.gather(-1, torch.tensor(token_ids, device=logits.device)[:, None])
+    ranks = ((logp > chosen).sum(-1) + 1).tolist()
+    k = max(top_k)
+    top = logp.topk(k, dim=-1) if k else None
+    out = []
+    for i, token in enumerate(token_ids):
+        entry = {token: Logprob(float(chosen[i, 0]), ranks[i])}
+        if top is not None:
+            for r, (value, tid) in enumerate(zip(top.values[i, :top_k[i]].tolist(), top.indices[i, :top_k[i]].tolist())):
+                entry.setdefault(tid, Logprob(value, r + 1))
+        out.append(entry)
+    return out

@@ -66,7 +66,7 @@ class BlockManager:
         """
         assert not seq.block_table, f"{seq} already holds blocks"
         seq.block_hashes = []
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.needs_prompt_logits:   # its prompt's logits are wanted: compute it
             return 0
         for h in self.prefix_hashes(seq):
             block_id = self.cached.get(h)

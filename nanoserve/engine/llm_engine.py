@@ -94,6 +94,8 @@ class LLMEngine:
         if len(ids) >= self.config.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.config.max_model_len} "
                              f"(prompt plus at least one new token)")
+        if self.spec is not None and (params.logprobs is not None or params.prompt_logprobs is not None):
+            raise ValueError("logprobs and prompt_logprobs are not supported with speculative decoding yet")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to see text; this engine has none: use stop_token_ids")
         decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
@@ -169,8 +171,10 @@ class LLMEngine:
         return RequestOutput(
             request_id=seq.seq_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
             outputs=[CompletionOutput(0, seq.text, out, seq.finish_reason if finished else None, delta,
-                                      seq.stop_reason if finished else None)],
-            finished=finished, metrics=request_metrics(seq))
+                                      seq.stop_reason if finished else None,
+                                      None if seq.logprobs is None else seq.logprobs[:len(out)])],
+            finished=finished, metrics=request_metrics(seq),
+            prompt_logprobs=None if seq.prompt_logprobs is None or seq.needs_prompt_logits else list(seq.prompt_logprobs))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -9,7 +9,7 @@ holds a shard of the model and no requests, runs exactly the forward that rank 0
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,7 +17,7 @@ from nanoserve import kernels
 from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
-from nanoserve.sampling import sample
+from nanoserve.sampling import sample, token_logprobs
 
 
 @dataclass
@@ -27,12 +27,19 @@ class StepPlan:
     starts: list[int]              # each sequence's tokens already cached
     block_tables: list[list[int]]
     sample_rows: list[int]         # which sequences sample a token (a prompt chunk that stops short does not)
+    # (sequence, offset in its new tokens) whose logits score the next prompt token (prompt_logprobs)
+    prompt_rows: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, batch: list[tuple[Sequence, int]]) -> "StepPlan":
+        prompt_rows = []
+        for i, (s, n) in enumerate(batch):
+            if s.needs_prompt_logits:   # the logits at position p score prompt token p + 1 not yet scored
+                start, first = s.num_cached_tokens, len(s.prompt_logprobs) - 1
+                prompt_rows += [(i, p - start) for p in range(max(first, start), min(start + n, s.num_prompt_tokens - 1))]
         return cls([s.token_ids[s.num_cached_tokens:s.num_cached_tokens + n] for s, n in batch],
                    [s.num_cached_tokens for s, _ in batch], [s.block_table for s, _ in batch],
-                   [i for i, (s, n) in enumerate(batch) if s.num_cached_tokens + n == s.num_tokens])
+                   [i for i, (s, n) in enumerate(batch) if s.num_cached_tokens + n == s.num_tokens], prompt_rows)
 
 
 class ModelRunner:
@@ -61,20 +68,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan, num_logits: list[int] | None = None) -> torch.Tensor | None:
-        """Forward the step's new tokens; the fp32 logits of the rows that sample, or None if none does.
-        num_logits (chapter 10): for each sampling row, logits at its last m tokens instead of its last one
-        (the target scoring k drafts), concatenated in row order."""
+        """Forward the step's new tokens; the fp32 logits of the rows that sample, then of plan.prompt_rows, or
+        None if there are none. num_logits (chapter 10): for each sampling row, logits at its last m tokens
+        instead of its last one (the target scoring k drafts), concatenated in row order."""
         if (num_logits is None and self.compiled is not None and self.compiled.accepts(plan)
-                and len(plan.sample_rows) == len(plan.token_ids)):
+                and len(plan.sample_rows) == len(plan.token_ids) and not plan.prompt_rows):
             return self.compiled.forward(plan)     # a decode step: its bucket's graph (every row samples)
         ids, meta = self.inputs.build(plan.token_ids, plan.starts, plan.block_tables)
         with self.attention.step(meta):
             hidden = self.model.hidden_states(ids, meta.positions[None], self.attention)[0]
-        if not plan.sample_rows:
+        if not plan.sample_rows and not plan.prompt_rows:
             return None
         counts = num_logits or [1] * len(plan.sample_rows)
-        rows = [int(meta.last_tokens[i]) - m + 1 + j for i, m in zip(plan.sample_rows, counts) for j in range(m)]
-        return self.model.lm_head(hidden[rows]).float()  # the head only where we sample
+        last = meta.last_tokens
+        rows = [last[i] - m + 1 + j for i, m in zip(plan.sample_rows, counts) for j in range(m)]
+        rows += [last[i] - len(plan.token_ids[i]) + 1 + k for i, k in plan.prompt_rows]
+        return self.model.lm_head(hidden[rows]).float()  # the head only where logits are wanted
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
@@ -84,9 +93,25 @@ class ModelRunner:
         logits = self.forward(plan)
         if logits is None:
             return {}
+        logits, prompt_logits = logits[:len(plan.sample_rows)], logits[len(plan.sample_rows):]
+        if plan.prompt_rows:
+            record_prompt_logprobs(batch, plan, prompt_logits)
         sampled = [batch[i][0] for i in plan.sample_rows]
         tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
+        wanted = [r for r, s in enumerate(sampled) if s.logprobs is not None]
+        if wanted:   # the scheduler appends each sampled token this step: its log-probabilities go beside it
+            scored = token_logprobs(logits[wanted], [tokens[r] for r in wanted], [sampled[r].params.logprobs for r in wanted])
+            for r, entry in zip(wanted, scored):
+                sampled[r].logprobs.append(entry)
         return {s.seq_id: [t] for s, t in zip(sampled, tokens)}
+
+
+def record_prompt_logprobs(batch: list[tuple[Sequence, int]], plan: StepPlan, logits: torch.Tensor) -> None:
+    """Score the prompt tokens that plan.prompt_rows predict, in order, onto each sequence's prompt_logprobs."""
+    seqs = [batch[i][0] for i, _ in plan.prompt_rows]
+    targets = [s.token_ids[s.num_cached_tokens + k + 1] for s, (_, k) in zip(seqs, plan.prompt_rows)]
+    for s, entry in zip(seqs, token_logprobs(logits, targets, [s.params.prompt_logprobs for s in seqs])):
+        s.prompt_logprobs.append(entry)
 
 
 @torch.inference_mode()

@@ -39,6 +39,9 @@ class Sequence:
         self.error: str | None = None             # why a request failed, when it did
         self.num_preemptions = 0
         self.generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+        self.logprobs = None if params.logprobs is None else []   # one per generated token
+        # one per prompt token, the first None: nothing predicts it
+        self.prompt_logprobs = None if params.prompt_logprobs is None else [None]
         self.detokenizer = detokenizer            # tokenizer.IncrementalDecoder, or None (token ids only)
         self.text = ""                            # decoded output so far, cut at a stop string
         self.num_text_sent = 0                    # characters of `text` already handed out as deltas
@@ -56,6 +59,11 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt log-probabilities still to compute: the prompt must run through the model, not the cache."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -158,7 +158,7 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         body = protocol.parse_json(await request.body())
         model = protocol.check_model(body, served_model_name)
         text = chat_template.render(protocol.chat_messages(body))
-        params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens")
+        params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens", chat=True)
         ids = server.tokenize(text, "messages", add_special_tokens=False)
         server.check_length(ids, params, "messages")
         req = protocol.ParsedRequest(text, params, stream, include_usage, model)
@@ -170,6 +170,19 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
 async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str):
     request_id, first, outputs = await server.run(ids, req.params, kind)
     created, chat = protocol.now(), kind == "chatcmpl"
+    echo = (req.prompt if isinstance(req.prompt, str) else server.tokenizer.decode(ids)) if req.echo else ""
+
+    def logprobs(out, start: int, stop: int, offset: int, with_prompt: bool = False) -> dict | None:
+        """The logprobs of generated tokens [start, stop) (and first the prompt's, with echo), as OpenAI frames them."""
+        if req.params.logprobs is None:
+            return None
+        tokens, entries = out.outputs[0].token_ids[start:stop], out.outputs[0].logprobs[start:stop]
+        if chat:
+            return protocol.chat_logprobs(server.tokenizer.decode, tokens, entries, req.params.logprobs)
+        if with_prompt:
+            tokens, entries = ids + tokens, out.prompt_logprobs + entries
+        return protocol.completion_logprobs(server.tokenizer.decode, tokens, entries, offset)
+
     if not req.stream:
         last = first
         try:
@@ -180,30 +193,36 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
         server.metrics.record(last)
         completion = last.outputs[0]
         reason = _finish_reason(completion.finish_reason)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": None,
+        scored = logprobs(last, 0, len(completion.token_ids), 0, with_prompt=req.echo)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": scored,
                    "finish_reason": reason} if chat else
-                  {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": reason})
+                  {"index": 0, "text": echo + completion.text, "logprobs": scored, "finish_reason": reason})
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": req.model, "choices": [choice],
                 "usage": protocol.usage(len(ids), len(completion.token_ids))}
 
-    def chunk(text: str, reason: str | None) -> bytes:
+    def chunk(text: str, reason: str | None, scored: dict | None = None) -> bytes:
         payload = {"content": text} if chat else text
-        return protocol.sse(make_chunk(request_id, req.model, created, payload, reason, req.include_usage))
+        return protocol.sse(make_chunk(request_id, req.model, created, payload, reason, req.include_usage, scored))
 
     async def events():
         last = first
         finished = False
+        sent_tokens, sent_chars = 0, len(echo)    # what earlier chunks carried (logprobs, text offsets)
         try:
             if chat:   # OpenAI's chat stream opens with the role
                 yield protocol.sse(make_chunk(request_id, req.model, created, {"role": "assistant", "content": ""},
                                               None, req.include_usage))
+            elif echo:   # the prompt first, with its logprobs
+                yield chunk(echo, None, logprobs(first, 0, 0, 0, with_prompt=True))
             out = first
             while True:
                 completion = out.outputs[0]
                 reason = _finish_reason(completion.finish_reason) if out.finished else None
                 if completion.text_delta or reason is not None:
-                    yield chunk(completion.text_delta, reason)
+                    n = len(completion.token_ids)
+                    yield chunk(completion.text_delta, reason, logprobs(out, sent_tokens, n, sent_chars))
+                    sent_tokens, sent_chars = n, sent_chars + len(completion.text_delta)
                 last = out
                 if out.finished:
                     finished = True

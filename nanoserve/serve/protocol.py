@@ -3,7 +3,7 @@
 A request body is read field by field: each known field has one expected type, and a wrong one is a 400
 whose message names the field (`param`), as OpenAI's API answers. Unknown fields are ignored, as vLLM does
 (clients send fields like `user` that change nothing here). Fields the engine does not implement are
-accepted only at their neutral value (`n=1`, `logprobs=null`, penalties 0, `min_tokens=0`, ...); anything else
+accepted only at their neutral value (`n=1`, penalties 0, `min_tokens=0`, ...); anything else
 is a 400 that says so, rather than a response that silently ignored what was asked. So is a number that is not
 finite (JSON's 1e999 parses as infinity).
 
@@ -51,9 +51,10 @@ _SAMPLING_FIELDS = {
     "stream_options": ((dict,), "an object"),
     "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER, "repetition_penalty": _NUMBER,
     "stop_token_ids": ((list,), "a list of token ids"),
+    "logprobs": _INT, "top_logprobs": _INT, "echo": _BOOL,   # chat's logprobs is a bool: read apart
 }
-_NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logprobs": None,
-            "top_logprobs": None, "echo": False, "best_of": 1, "suffix": None, "logit_bias": None, "tools": None,
+_NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+            "best_of": 1, "suffix": None, "logit_bias": None, "tools": None,
             "min_tokens": 0, "min_p": 0, "include_stop_str_in_output": False, "response_format": {"type": "text"}}
 
 
@@ -78,6 +79,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str
+    echo: bool = False               # completions: the prompt comes back before the completion
 
 
 def parse_json(raw: bytes) -> dict:
@@ -102,7 +104,23 @@ def check_model(body: dict, served: str) -> str:
     return model
 
 
-def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[SamplingParams, bool, bool]:
+def logprobs_fields(body: dict, chat: bool) -> tuple[int | None, int | None]:
+    """(logprobs, prompt_logprobs) for SamplingParams. Completions: `logprobs` is the top-k count, and with
+    `echo` the prompt is scored too. Chat: `logprobs` is true or false, `top_logprobs` the count."""
+    if not chat:
+        k = _field(body, "logprobs")
+        return k, (k if _field(body, "echo", False) else None)
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise bad("logprobs", f"expected true or false, got {json.dumps(want)[:40]}")
+    top = _field(body, "top_logprobs")
+    if top is not None and not want:
+        raise bad("top_logprobs", "only allowed when logprobs is true")
+    return ((top or 0) if want else None), None
+
+
+def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool = False
+                    ) -> tuple[SamplingParams, bool, bool]:
     """The request's SamplingParams, whether it streams, and whether the stream ends with a usage chunk."""
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
@@ -127,15 +145,19 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens") -> tuple[S
     stop = _field(body, "stop")
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise bad("stop", "expected a string or a list of strings")
-    kwargs = dict(temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
+    logprobs, prompt_logprobs = logprobs_fields(body, chat)
+    if chat and body.get("echo") not in (None, False):
+        raise bad("echo", "is not supported for chat completions by this server (only false)")
+    kwargs = dict(logprobs=logprobs, prompt_logprobs=prompt_logprobs, temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
                   top_k=_field(body, "top_k", -1), max_tokens=16 if max_tokens is None else max_tokens,
                   ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None,
                   stop_token_ids=_field(body, "stop_token_ids"))
     try:
         params = SamplingParams(**kwargs)
     except FieldError as e:               # the field it names, and what it expects
-        raise bad(max_tokens_field if e.field == "max_tokens" else e.field,
-                  f"expected {e.expected} (got {json.dumps(kwargs.get(e.field))[:40]})") from None
+        name = {"max_tokens": max_tokens_field, "logprobs": "top_logprobs" if chat else "logprobs",
+                "prompt_logprobs": "logprobs"}.get(e.field, e.field)
+        raise bad(name, f"expected {e.expected} (got {json.dumps(kwargs.get(e.field))[:40]})") from None
     return params, stream, include_usage
 
 
@@ -154,7 +176,7 @@ def completion_request(body: dict, served: str) -> ParsedRequest:
     else:
         raise bad("prompt", f"expected a string or a list of token ids, got {json.dumps(prompt)[:40]}")
     params, stream, include_usage = sampling_params(body)
-    return ParsedRequest(prompt, params, stream, include_usage, model)
+    return ParsedRequest(prompt, params, stream, include_usage, model, _field(body, "echo", False))
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -191,19 +213,51 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+_LOGPROB_FLOOR = -9999.0   # a -inf log-probability is not JSON: vLLM's stand-in
+
+
+def _lp(value: float) -> float:
+    return max(value, _LOGPROB_FLOOR)
+
+
+def completion_logprobs(decode, token_ids: list[int], entries: list, offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs`: each token's text, its log-probability (null for a prompt's first
+    token), the top ones by text, and where each token's text starts. entries: TokenLogprobs (or None) per token."""
+    tokens = [decode([t]) for t in token_ids]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens,
+            "token_logprobs": [None if e is None else _lp(e[t].logprob) for t, e in zip(token_ids, entries)],
+            "top_logprobs": [None if e is None else {decode([tid]): _lp(lp.logprob) for tid, lp in e.items()}
+                             for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(decode, token_ids: list[int], entries: list, top_k: int) -> dict:
+    """OpenAI's chat `logprobs`: per generated token its text, bytes, log-probability and the top_k most likely."""
+    def item(tid: int, value: float) -> dict:
+        text = decode([tid])
+        return {"token": text, "logprob": _lp(value), "bytes": list(text.encode())}
+    return {"content": [item(t, e[t].logprob) | {"top_logprobs": [
+                item(tid, lp.logprob) for tid, lp in sorted(e.items(), key=lambda kv: kv[1].rank)[:top_k]]}
+                        for t, e in zip(token_ids, entries)]}
+
+
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
-                     include_usage: bool) -> dict:
+                     include_usage: bool, logprobs: dict | None = None) -> dict:
     chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
     if include_usage:
         chunk["usage"] = None                # OpenAI: null in every chunk but the last
     return chunk
 
 
 def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None,
-               include_usage: bool) -> dict:
+               include_usage: bool, logprobs: dict | None = None) -> dict:
     chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
     if include_usage:
         chunk["usage"] = None
     return chunk

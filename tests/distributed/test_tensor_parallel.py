@@ -44,19 +44,31 @@ def last_logits(llm, prompt):
     return llm.engine.runner.forward(StepPlan([prompt], [0], [blocks], [0]))[0]
 
 
+def scored(llm, prompt) -> list[float]:
+    """The log-probability of every prompt token after the first and of 4 greedy tokens (the head's rows that
+    score the prompt are all-gathered too)."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=2)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    ids, entries = out.prompt_token_ids + out.outputs[0].token_ids, out.prompt_logprobs + out.outputs[0].logprobs
+    return [e[t].logprob for t, e in zip(ids[1:], entries[1:])]
+
+
 def check_against_single(directory, tp, engine=ENGINE, lengths=LENGTHS, max_tokens=MAX_TOKENS):
     prompts = random_prompts(lengths, seed=3)
     longest = prompts[lengths.index(max(lengths))]
     single = LLM(str(directory), **engine)
     want, want_logits = greedy(single, prompts, max_tokens), last_logits(single, longest)
+    want_scored = scored(single, longest)
     with LLM(str(directory), tensor_parallel_size=tp, **engine) as llm:
         got, got_logits = greedy(llm, prompts, max_tokens), last_logits(llm, longest)
+        got_scored = scored(llm, longest)
         m = llm.metrics()
         assert m["tensor_parallel_size"] == tp and m["kv_blocks_free"] == m["kv_blocks_total"]
         assert m["weight_bytes"] < single.metrics()["weight_bytes"] * (1.5 / tp)   # each rank holds about 1/N
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"request {i} (prompt of {lengths[i]} tokens): tp={tp} {g} != single {w}"
     assert (got_logits - want_logits).abs().max().item() < 1e-4
+    assert len(got_scored) == len(want_scored) and max(abs(g - w) for g, w in zip(got_scored, want_scored)) < 1e-4
     assert not dist.is_initialized()   # shut down: another tensor-parallel LLM may start
 
 

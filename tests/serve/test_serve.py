@@ -122,6 +122,52 @@ def test_openai_client_chat_equals_the_offline_engine(server, offline):
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == chat_texts[prompt]
 
 
+def test_logprobs_and_echo_through_the_openai_client_equal_the_offline_engine(server):
+    """Completions with echo and logprobs (lm-eval's loglikelihood request), streamed and not, and chat's
+    logprobs and top_logprobs: the numbers the offline engine gives for the same tokens (tests/engine/
+    test_logprobs.py checks those against a plain forward)."""
+    llm = LLM(max_num_seqs=8, max_model_len=1024)
+    tok = llm.tokenizer
+    want = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2,
+                                                    prompt_logprobs=2), use_tqdm=False)[0]
+    ids = want.prompt_token_ids + want.outputs[0].token_ids
+    entries = want.prompt_logprobs + want.outputs[0].logprobs
+    c = client(server)
+    got = c.completions.create(model="course", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, logprobs=2,
+                               echo=True).choices[0]
+    assert got.text == PROMPTS[0] + want.outputs[0].text
+    lp = got.logprobs
+    assert lp.tokens == [tok.decode([t]) for t in ids] and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert max(abs(a - e[t].logprob) for a, e, t in zip(lp.token_logprobs[1:], entries[1:], ids[1:])) < 1e-4
+    assert all(2 <= len(top) <= 3 for top in lp.top_logprobs[1:])        # the token itself and the top 2
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
+    streamed = [ch.choices[0] for ch in c.completions.create(model="course", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                                               temperature=0, logprobs=2, echo=True, stream=True)]
+    assert "".join(ch.text for ch in streamed) == got.text
+    assert [t for ch in streamed if ch.logprobs for t in ch.logprobs.tokens] == lp.tokens
+    assert [v for ch in streamed if ch.logprobs for v in ch.logprobs.token_logprobs] == lp.token_logprobs
+    plain = c.completions.create(model="course", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0).choices[0]
+    assert plain.logprobs is None and plain.text == want.outputs[0].text
+    # chat: logprobs of the generated tokens, each with its top 3
+    template = ChatTemplate.for_model(COURSE_MODEL)
+    chat_ids = tok.encode(template.render([{"role": "user", "content": PROMPTS[1]}]), False)
+    chat_want = llm.generate([chat_ids], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=3),
+                             use_tqdm=False)[0].outputs[0]
+    content = c.chat.completions.create(model="course", messages=[{"role": "user", "content": PROMPTS[1]}],
+                                        max_tokens=MAX_TOKENS, temperature=0, logprobs=True,
+                                        top_logprobs=3).choices[0].logprobs.content
+    assert [x.token for x in content] == [tok.decode([t]) for t in chat_want.token_ids]
+    for x, t, e in zip(content, chat_want.token_ids, chat_want.logprobs):
+        assert abs(x.logprob - e[t].logprob) < 1e-4 and x.bytes == list(x.token.encode())
+        ranked = sorted(e.items(), key=lambda kv: kv[1].rank)[:3]
+        assert [(y.token, round(y.logprob, 4)) for y in x.top_logprobs] == \
+               [(tok.decode([tid]), round(v.logprob, 4)) for tid, v in ranked]
+    streamed = [ch.choices[0] for ch in c.chat.completions.create(
+        model="course", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=MAX_TOKENS, temperature=0,
+        logprobs=True, stream=True) if ch.choices]
+    assert [x.token for ch in streamed if ch.logprobs for x in ch.logprobs.content] == [x.token for x in content]
+
+
 @pytest.mark.parametrize("route", ["completions", "chat/completions"])
 def test_stream_framing_and_the_usage_chunk(server, route):
     body = {"model": "course", "max_tokens": 6, "temperature": 0, "stream": True}
@@ -163,7 +209,9 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "seed": 10**30}, 400, "seed"),
     ({"prompt": "def f", "stop": [1]}, 400, "stop"),
     ({"prompt": "def f", "n": 2}, 400, "n"),
-    ({"prompt": "def f", "logprobs": 5}, 400, "logprobs"),
+    ({"prompt": "def f", "logprobs": 21}, 400, "logprobs"),            # OpenAI's and vLLM's limit is 20
+    ({"prompt": "def f", "logprobs": True}, 400, "logprobs"),
+    ({"prompt": "def f", "echo": "yes"}, 400, "echo"),
     ({"prompt": "def f", "stream": "yes"}, 400, "stream"),
     ({"prompt": "def f", "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
     ({"prompt": "def f", "model": "gpt-4"}, 404, "model"),
@@ -194,7 +242,12 @@ def test_bad_requests_get_4xx_with_openai_error_json_and_the_server_keeps_servin
     for body, param in [({"messages": []}, "messages"), ({"messages": [{"role": "user", "content": 3}]},
                                                           "messages[0].content"),
                         ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
-                         "max_completion_tokens")]:
+                         "max_completion_tokens"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, "logprobs"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+                         "top_logprobs"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo")]:
         r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
@@ -353,7 +406,7 @@ def test_random_bodies_never_get_a_5xx(server, offline):
     pool = [None, -1, 0, 1, 2, 0.5, 1.5, -0.0, 1e308, 10**30, -10**30, float("nan"), float("inf"), True, False,
             "", "x", "def f(x):", "\u0000\ud7ff", [], [1], [1, "a"], [10**9], {}, {"include_usage": True}, "ä" * 3000]
     fields = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-              "n", "logprobs", "ignore_eos", "model", "messages", "max_completion_tokens"]
+              "n", "logprobs", "top_logprobs", "echo", "ignore_eos", "model", "messages", "max_completion_tokens"]
     texts, _ = offline
 
     async def one(http, i):
