@@ -1,5 +1,8 @@
 """Chapter 02: choosing the next token. Greedy, temperature, top-k, top-p, per-request seeds.
 
+Chapter 09's server adds what OpenAI's and vLLM's APIs let a request ask for (`adjust_logits`): a bias per
+token, a ban on stop tokens until `min_tokens` are out, and penalties on tokens already used; and `min_p`.
+
 `SamplingParams` mirrors vLLM's offline API. `sample()` handles a batch whose rows each have their
 own parameters: one vectorised pass for the shared work, a per-row random draw only where a request
 brought its own seed (so a seeded request gives the same tokens whatever else is in the batch).
@@ -31,6 +34,12 @@ class SamplingParams:
     stop: list[str] | None = field(default=None)   # stop strings: generation ends before the first one (not in the text)
     logprobs: int | None = None          # return each generated token's log-probability and the top-k (0..20)
     prompt_logprobs: int | None = None   # the same for every prompt token (the prompt is then computed, not cached)
+    min_p: float = 0.0                   # drop tokens less likely than min_p x the most likely one's probability
+    presence_penalty: float = 0.0        # subtracted from the logit of every token already generated (-2..2)
+    frequency_penalty: float = 0.0       # ... times how often it was generated (-2..2)
+    repetition_penalty: float = 1.0      # a logit of a token in the prompt or output: / it if > 0, else x it
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit (-100..100)
+    min_tokens: int = 0                  # stop tokens (EOS, stop_token_ids) and stop strings wait until this many
 
     def __post_init__(self):
         def bad(name, value, expected):
@@ -58,11 +67,54 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 bad(name, k, f"an int in [0, {MAX_LOGPROBS}] or None")
+        for name, low, high in (("min_p", 0, 1), ("presence_penalty", -2, 2), ("frequency_penalty", -2, 2)):
+            if not is_number(getattr(self, name)) or not low <= getattr(self, name) <= high:
+                bad(name, getattr(self, name), f"a number in [{low}, {high}]")
+        if not is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 means none)")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    is_int(t) and t >= 0 and is_number(b) and -100 <= b <= 100 for t, b in self.logit_bias.items()):
+                bad("logit_bias", self.logit_bias, "a dict of token id (int >= 0) -> bias in [-100, 100]")
+            self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", self.min_tokens, f"an int in [0, max_tokens = {self.max_tokens}]")
+        self.min_p = float(self.min_p)
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """A bias, min_tokens or a penalty: the logits depend on the tokens so far (`adjust_logits`)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+
+def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
+                  outputs: list[list[int]], stop_ids: list[set[int]]) -> torch.Tensor:
+    """Row i of logits [B, V] for params[i], given its prompt and output tokens so far, in vLLM's order:
+    the logit bias; the stop tokens stop_ids[i] banned while fewer than min_tokens are out; then the
+    repetition, frequency and presence penalties. Returns a new tensor (log-probabilities read the raw logits)."""
+    out = logits.clone()
+    V, dev = logits.shape[-1], logits.device
+    for i, (p, prompt, output) in enumerate(zip(params, prompts, outputs)):
+        row = out[i]
+        if p.logit_bias:
+            ids = [t for t in p.logit_bias if t < V]
+            row[ids] += torch.tensor([p.logit_bias[t] for t in ids], device=dev, dtype=row.dtype)
+        if len(output) < p.min_tokens and stop_ids[i]:
+            row[[t for t in stop_ids[i] if t < V]] = float("-inf")
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(prompt) | set(output)), device=dev, dtype=torch.long)
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and output:
+            counts = torch.bincount(torch.tensor(output, device=dev), minlength=V)[:V].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    return out
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -89,6 +141,11 @@ def probs(logits: torch.Tensor, params: SamplingParams | list[SamplingParams]) -
     dev = logits.device
     temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in rows], device=dev)
     scaled = logits / temp[:, None]
+    if any(p.min_p > 0 for p in rows):   # below min_p x the top token's probability: out
+        min_p = torch.tensor([p.min_p for p in rows], device=dev)
+        p = scaled.softmax(-1)
+        low = p < min_p[:, None] * p.amax(-1, keepdim=True)
+        scaled = scaled.masked_fill(low, float("-inf"))
     if any(p.top_k > 0 or p.top_p < 1 for p in rows):
         scaled = filter_logits(scaled, torch.tensor([p.top_k for p in rows], device=dev),
                                torch.tensor([p.top_p for p in rows], device=dev))

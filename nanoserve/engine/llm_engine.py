@@ -94,12 +94,19 @@ class LLMEngine:
         if len(ids) >= self.config.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.config.max_model_len} "
                              f"(prompt plus at least one new token)")
-        if self.spec is not None and (params.logprobs is not None or params.prompt_logprobs is not None):
-            raise ValueError("logprobs and prompt_logprobs are not supported with speculative decoding yet")
+        if self.spec is not None and (params.logprobs is not None or params.prompt_logprobs is not None
+                                      or params.adjusts_logits):
+            raise ValueError("logprobs, prompt_logprobs, logit_bias, min_tokens and penalties are not supported with "
+                             "speculative decoding yet")
+        if params.logit_bias and max(params.logit_bias) >= self.model.config.vocab_size:
+            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary "
+                             f"[0, {self.model.config.vocab_size})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to see text; this engine has none: use stop_token_ids")
         decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
         seq = Sequence(request_id, ids, params, text, self.device, decoder)
+        if params.min_tokens:
+            seq.min_tokens_stop_ids = self.scheduler.stopper.stop_token_ids(params)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq

@@ -17,7 +17,7 @@ from nanoserve import kernels
 from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
-from nanoserve.sampling import sample, token_logprobs
+from nanoserve.sampling import adjust_logits, sample, token_logprobs
 
 
 @dataclass
@@ -97,7 +97,11 @@ class ModelRunner:
         if plan.prompt_rows:
             record_prompt_logprobs(batch, plan, prompt_logits)
         sampled = [batch[i][0] for i in plan.sample_rows]
-        tokens = sample(logits, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
+        drawn_from = logits
+        if any(s.params.adjusts_logits for s in sampled):   # biases, penalties: on a copy (logprobs read the raw)
+            drawn_from = adjust_logits(logits, [s.params for s in sampled], [s.token_ids[:s.num_prompt_tokens] for s in sampled],
+                                       [s.output_token_ids for s in sampled], [s.min_tokens_stop_ids for s in sampled])
+        tokens = sample(drawn_from, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
         wanted = [r for r, s in enumerate(sampled) if s.logprobs is not None]
         if wanted:   # the scheduler appends each sampled token this step: its log-probabilities go beside it
             scored = token_logprobs(logits[wanted], [tokens[r] for r in wanted], [sampled[r].params.logprobs for r in wanted])

@@ -3,7 +3,7 @@
 A request body is read field by field: each known field has one expected type, and a wrong one is a 400
 whose message names the field (`param`), as OpenAI's API answers. Unknown fields are ignored, as vLLM does
 (clients send fields like `user` that change nothing here). Fields the engine does not implement are
-accepted only at their neutral value (`n=1`, penalties 0, `min_tokens=0`, ...); anything else
+accepted only at their neutral value (`n=1`, `best_of=1`, ...); anything else
 is a 400 that says so, rather than a response that silently ignored what was asked. So is a number that is not
 finite (JSON's 1e999 parses as infinity).
 
@@ -52,10 +52,10 @@ _SAMPLING_FIELDS = {
     "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER, "repetition_penalty": _NUMBER,
     "stop_token_ids": ((list,), "a list of token ids"),
     "logprobs": _INT, "top_logprobs": _INT, "echo": _BOOL,   # chat's logprobs is a bool: read apart
+    "min_p": _NUMBER, "min_tokens": _INT, "logit_bias": ((dict,), "an object of token id -> bias"),
 }
-_NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-            "best_of": 1, "suffix": None, "logit_bias": None, "tools": None,
-            "min_tokens": 0, "min_p": 0, "include_stop_str_in_output": False, "response_format": {"type": "text"}}
+_NEUTRAL = {"n": 1, "best_of": 1, "suffix": None, "tools": None, "include_stop_str_in_output": False,
+            "response_format": {"type": "text"}}
 
 
 def _field(body: dict, name: str, default=None):
@@ -146,9 +146,19 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise bad("stop", "expected a string or a list of strings")
     logprobs, prompt_logprobs = logprobs_fields(body, chat)
+    bias = _field(body, "logit_bias")
+    if bias is not None:   # JSON keys are strings: "50256": -100
+        try:
+            bias = {int(k): v for k, v in bias.items()}
+        except ValueError:
+            raise bad("logit_bias", "expected an object whose keys are token ids") from None
     if chat and body.get("echo") not in (None, False):
         raise bad("echo", "is not supported for chat completions by this server (only false)")
-    kwargs = dict(logprobs=logprobs, prompt_logprobs=prompt_logprobs, temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
+    kwargs = dict(logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
+                  **{name: _field(body, name, default) for name, default in (
+                      ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                      ("min_p", 0.0), ("min_tokens", 0))},
+                  temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
                   top_k=_field(body, "top_k", -1), max_tokens=16 if max_tokens is None else max_tokens,
                   ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None,
                   stop_token_ids=_field(body, "stop_token_ids"))

@@ -168,6 +168,27 @@ def test_logprobs_and_echo_through_the_openai_client_equal_the_offline_engine(se
     assert [x.token for ch in streamed if ch.logprobs for x in ch.logprobs.content] == [x.token for x in content]
 
 
+def test_penalties_bias_min_tokens_and_min_p_through_the_openai_client_equal_the_offline_engine(server):
+    llm = LLM(max_num_seqs=8, max_model_len=1024)
+    c = client(server)
+    stop_id = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0].outputs[0].token_ids[2]
+    cases = [dict(presence_penalty=1.5, frequency_penalty=0.5), dict(logit_bias={"123": 100}),
+             dict(extra_body=dict(repetition_penalty=1.8, min_p=0.5)),
+             dict(extra_body=dict(stop_token_ids=[stop_id], min_tokens=6))]
+    for kw in cases:
+        fields = {**kw.get("extra_body", {}), **{k: v for k, v in kw.items() if k != "extra_body"}}
+        if "logit_bias" in fields:
+            fields["logit_bias"] = {int(k): v for k, v in fields["logit_bias"].items()}
+        want = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, **fields),
+                            use_tqdm=False)[0].outputs[0]
+        got = c.completions.create(model="course", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, **kw)
+        assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids), kw
+        chat = c.chat.completions.create(model="course", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                         max_tokens=MAX_TOKENS, temperature=0, **kw)
+        assert chat.choices[0].message.content is not None, kw
+    assert want.token_ids[:6].count(stop_id) == 0      # min_tokens held the stop token back
+
+
 @pytest.mark.parametrize("route", ["completions", "chat/completions"])
 def test_stream_framing_and_the_usage_chunk(server, route):
     body = {"model": "course", "max_tokens": 6, "temperature": 0, "stream": True}
@@ -221,8 +242,14 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     ({"prompt": "def f", "stop_token_ids": 5}, 400, "stop_token_ids"),
     # fields the engine does not implement: a 400 that names them, never silently ignored
-    ({"prompt": "def f", "min_tokens": 4}, 400, "min_tokens"),
-    ({"prompt": "def f", "min_p": 0.1}, 400, "min_p"),
+    ({"prompt": "def f", "min_tokens": 20}, 400, "min_tokens"),          # more than max_tokens (16)
+    ({"prompt": "def f", "min_p": 1.5}, 400, "min_p"),
+    ({"prompt": "def f", "presence_penalty": 3}, 400, "presence_penalty"),
+    ({"prompt": "def f", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ({"prompt": "def f", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ({"prompt": "def f", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ({"prompt": "def f", "logit_bias": [5]}, 400, "logit_bias"),
+    ({"prompt": "def f", "logit_bias": {"99999999": 1}}, 400, None),      # not in the vocabulary: the engine says so
     ({"prompt": "def f", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ({"prompt": "def f", "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"prompt": "def f", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
@@ -406,7 +433,8 @@ def test_random_bodies_never_get_a_5xx(server, offline):
     pool = [None, -1, 0, 1, 2, 0.5, 1.5, -0.0, 1e308, 10**30, -10**30, float("nan"), float("inf"), True, False,
             "", "x", "def f(x):", "\u0000\ud7ff", [], [1], [1, "a"], [10**9], {}, {"include_usage": True}, "ä" * 3000]
     fields = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-              "n", "logprobs", "top_logprobs", "echo", "ignore_eos", "model", "messages", "max_completion_tokens"]
+              "n", "logprobs", "top_logprobs", "echo", "ignore_eos", "model", "messages", "max_completion_tokens",
+              "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias"]
     texts, _ = offline
 
     async def one(http, i):
