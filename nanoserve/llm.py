@@ -1,6 +1,7 @@
 """The offline API, after vLLM's: `LLM(...).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import weakref
@@ -110,7 +111,8 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in the order of `prompts`.
+        """Run every prompt to completion; outputs come back in the order of `prompts`, each with
+        SamplingParams.n completions (`outputs[i].outputs[j]`, index j).
 
         prompts: a str, a list of str, or a list of token-id lists. sampling_params: one for all, or one per prompt.
         """
@@ -144,22 +146,27 @@ class LLM:
                 raise TypeError(f"prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
             if not isinstance(sp, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(sp).__name__}")
-        # a bad request (empty, too long, unknown token ids) fails alone: its output carries the error
+        # a bad request (empty, too long, unknown token ids) fails alone: its output carries the error.
+        # n samples of a prompt are n requests (ids <id>-0, <id>-1, ...), gathered into one output below
         results: dict[str, RequestOutput | None] = {}
+        groups: list[tuple[str, list[str]]] = []
         for i, (p, sp) in enumerate(zip(prompts, params)):
             request_id = str(next(self._request_ids))
-            try:
-                self.engine.add_request(request_id, p, sp)
-                results[request_id] = None
-            except ValueError as e:
-                results[request_id] = self._error_output(request_id, p, f"prompts[{i}]: {e}")
+            samples = [(request_id, sp)] if sp.n == 1 else [(f"{request_id}-{j}", sp.child(j)) for j in range(sp.n)]
+            groups.append((request_id, [sample_id for sample_id, _ in samples]))
+            for sample_id, sample_params in samples:
+                try:
+                    self.engine.add_request(sample_id, p, sample_params)
+                    results[sample_id] = None
+                except ValueError as e:
+                    results[sample_id] = self._error_output(sample_id, p, f"prompts[{i}]: {e}")
         bar = tqdm(total=sum(r is None for r in results.values()), desc="generate", disable=not use_tqdm, unit="req")
         while any(r is None or not r.finished for r in results.values()):
             for out in self.engine.step():
                 results[out.request_id] = out
                 bar.update(out.finished)
         bar.close()
-        return list(results.values())
+        return [gather_samples(request_id, [results[s] for s in samples]) for request_id, samples in groups]
 
     @staticmethod
     def _error_output(request_id: str, prompt, message: str) -> RequestOutput:
@@ -175,6 +182,16 @@ class LLM:
         return self.engine.metrics() | dict(kv_pool_source=self.kv_pool_source, weight_bytes=weight_bytes(self.model),
                                             activation_peak_bytes=self.activation_peak_bytes,
                                             tensor_parallel_size=1 if self.tp is None else self.tp.world_size)
+
+
+def gather_samples(request_id: str, samples: list[RequestOutput]) -> RequestOutput:
+    """One RequestOutput for the n samples of a prompt: their completions in order (index j), the first error."""
+    if len(samples) == 1:
+        return samples[0]
+    first = samples[0]
+    outputs = [dataclasses.replace(s.outputs[0], index=j) for j, s in enumerate(samples)]
+    return dataclasses.replace(first, request_id=request_id, outputs=outputs,
+                               error=next((s.error for s in samples if s.error), None))
 
 
 def kv_pool_size(model, block_size: int, max_num_seqs: int, max_model_len: int, kv_cache_memory: int | None = None,

@@ -9,6 +9,7 @@ brought its own seed (so a seeded request gives the same tokens whatever else is
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,8 +23,7 @@ MAX_LOGPROBS = 20   # the most top-k log-probabilities a position returns (vLLM'
 
 @dataclass
 class SamplingParams:
-    """How to pick each next token, and when to stop (vLLM's names). One sample per request: n > 1 is not
-    supported yet."""
+    """How to pick each next token, and when to stop (vLLM's names)."""
     temperature: float = 1.0      # 0 = greedy
     top_p: float = 1.0            # keep the smallest set of tokens whose probability reaches top_p
     top_k: int = -1               # keep the k most likely tokens; -1 (or 0) = all
@@ -40,6 +40,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0      # a logit of a token in the prompt or output: / it if > 0, else x it
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit (-100..100)
     min_tokens: int = 0                  # stop tokens (EOS, stop_token_ids) and stop strings wait until this many
+    n: int = 1                           # samples of the prompt, each its own sequence (see `child`)
 
     def __post_init__(self):
         def bad(name, value, expected):
@@ -51,6 +52,7 @@ class SamplingParams:
         if not is_int(self.top_k) or self.top_k < -1:
             bad("top_k", self.top_k, "-1 or 0 (disabled) or a positive int")
         check_int("max_tokens", self.max_tokens, owner="SamplingParams.")
+        check_int("n", self.n, owner="SamplingParams.")
         if self.seed is not None and (not is_int(self.seed) or not -2**63 <= self.seed < 2**64):   # torch.Generator
             bad("seed", self.seed, "an int in [-2**63, 2**64) or None")
         if self.stop_token_ids is not None:
@@ -85,6 +87,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def child(self, index: int) -> "SamplingParams":
+        """The params of sample `index` of n: one sample, and with a seed its own (seed + index), so each of the n
+        differs and all are reproducible. The n children share the prompt's KV blocks through the prefix cache."""
+        seed = None if self.seed is None else (self.seed + index) % 2**64
+        return dataclasses.replace(self, n=1, seed=seed)
 
     @property
     def adjusts_logits(self) -> bool:

@@ -19,6 +19,7 @@ What a server must survive, and how this one does:
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 
@@ -148,9 +149,14 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
     async def completions(request: Request):
         server.check_auth(request)
         req = protocol.completion_request(protocol.parse_json(await request.body()), served_model_name)
-        ids = server.tokenize(req.prompt)
-        server.check_length(ids, req.params, "prompt")
-        return await respond(server, ids, req, "cmpl", protocol.completion_chunk, "text_completion")
+        batch = req.prompts or [req.prompt]
+        names = ["prompt"] if len(batch) == 1 else [f"prompt[{i}]" for i in range(len(batch))]
+        prompts = [server.tokenize(p, name) for p, name in zip(batch, names)]
+        for ids, name in zip(prompts, names):
+            server.check_length(ids, req.params, name)
+        if req.num_choices > 1:
+            return await respond_many(server, prompts, req, "cmpl")
+        return await respond(server, prompts[0], req, "cmpl", protocol.completion_chunk, "text_completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -158,10 +164,18 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         body = protocol.parse_json(await request.body())
         model = protocol.check_model(body, served_model_name)
         text = chat_template.render(protocol.chat_messages(body))
-        params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens", chat=True)
         ids = server.tokenize(text, "messages", add_special_tokens=False)
+        # no max_tokens: the rest of the context, as vLLM answers a chat
+        params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens", chat=True,
+                                                                 default_max_tokens=max(1, max_model_len - len(ids)))
         server.check_length(ids, params, "messages")
         req = protocol.ParsedRequest(text, params, stream, include_usage, model)
+        if req.num_choices > protocol.MAX_CHOICES:
+            raise protocol.bad("n", f"at most {protocol.MAX_CHOICES} choices in one request")
+        if req.num_choices > 1:
+            if stream:
+                raise protocol.bad("n", "several choices cannot be streamed by this server yet: send stream=false")
+            return await respond_many(server, [ids], req, "chatcmpl")
         return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk")
 
     return app
@@ -170,18 +184,10 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
 async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str):
     request_id, first, outputs = await server.run(ids, req.params, kind)
     created, chat = protocol.now(), kind == "chatcmpl"
-    echo = (req.prompt if isinstance(req.prompt, str) else server.tokenizer.decode(ids)) if req.echo else ""
+    echo = echoed(server, req.prompt, ids) if req.echo else ""
 
     def logprobs(out, start: int, stop: int, offset: int, with_prompt: bool = False) -> dict | None:
-        """The logprobs of generated tokens [start, stop) (and first the prompt's, with echo), as OpenAI frames them."""
-        if req.params.logprobs is None:
-            return None
-        tokens, entries = out.outputs[0].token_ids[start:stop], out.outputs[0].logprobs[start:stop]
-        if chat:
-            return protocol.chat_logprobs(server.tokenizer.decode, tokens, entries, req.params.logprobs)
-        if with_prompt:
-            tokens, entries = ids + tokens, out.prompt_logprobs + entries
-        return protocol.completion_logprobs(server.tokenizer.decode, tokens, entries, offset)
+        return scored_tokens(server, req, ids, out, start, stop, offset, chat, with_prompt)
 
     if not req.stream:
         last = first
@@ -191,19 +197,15 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
         except RuntimeError as e:                    # the engine failed this request alone
             raise APIError(500, str(e)) from None
         server.metrics.record(last)
-        completion = last.outputs[0]
-        reason = _finish_reason(completion.finish_reason)
-        scored = logprobs(last, 0, len(completion.token_ids), 0, with_prompt=req.echo)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": scored,
-                   "finish_reason": reason} if chat else
-                  {"index": 0, "text": echo + completion.text, "logprobs": scored, "finish_reason": reason})
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": req.model, "choices": [choice],
-                "usage": protocol.usage(len(ids), len(completion.token_ids))}
+                "model": req.model, "choices": [choice(server, req, ids, last, 0, chat)],
+                "usage": protocol.usage(len(ids), len(last.outputs[0].token_ids))}
 
     def chunk(text: str, reason: str | None, scored: dict | None = None) -> bytes:
         payload = {"content": text} if chat else text
-        return protocol.sse(make_chunk(request_id, req.model, created, payload, reason, req.include_usage, scored))
+        framed = make_chunk(request_id, req.model, created, payload, reason, req.include_usage)
+        framed["choices"][0]["logprobs"] = scored
+        return protocol.sse(framed)
 
     async def events():
         last = first
@@ -244,3 +246,67 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def echoed(server: Server, prompt, ids: list[int]) -> str:
+    """The prompt as `echo` returns it: the text sent, or the token ids decoded."""
+    return prompt if isinstance(prompt, str) else server.tokenizer.decode(ids)
+
+
+def scored_tokens(server: Server, req, ids: list[int], out, start: int, stop: int, offset: int, chat: bool,
+                  with_prompt: bool = False) -> dict | None:
+    """The logprobs of generated tokens [start, stop) (and first the prompt's, with echo), as OpenAI frames them."""
+    if req.params.logprobs is None:
+        return None
+    tokens, entries = out.outputs[0].token_ids[start:stop], out.outputs[0].logprobs[start:stop]
+    if chat:
+        return protocol.chat_logprobs(server.tokenizer.decode, tokens, entries, req.params.logprobs)
+    if with_prompt:
+        tokens, entries = ids + tokens, out.prompt_logprobs + entries
+    return protocol.completion_logprobs(server.tokenizer.decode, tokens, entries, offset)
+
+
+def choice(server: Server, req, ids: list[int], out, index: int, chat: bool, prompt=None) -> dict:
+    """One choice of a non-streamed answer: the completion (after the prompt, with echo), its logprobs, why it ended."""
+    completion = out.outputs[0]
+    reason = _finish_reason(completion.finish_reason)
+    scored = scored_tokens(server, req, ids, out, 0, len(completion.token_ids), 0, chat, with_prompt=req.echo)
+    if chat:
+        return {"index": index, "message": {"role": "assistant", "content": completion.text}, "logprobs": scored,
+                "finish_reason": reason}
+    echo = echoed(server, req.prompt if prompt is None else prompt, ids) if req.echo else ""
+    return {"index": index, "text": echo + completion.text, "logprobs": scored, "finish_reason": reason}
+
+
+async def respond_many(server: Server, prompts: list[list[int]], req, kind: str) -> dict:
+    """Several choices in one answer, not streamed: each prompt of a completions batch, each sampled n times
+    (choice index = prompt index x n + sample). Every sample is a request of its own; they run together and
+    share each prompt's KV blocks through the prefix cache. If one fails or the client leaves, the rest are
+    aborted."""
+    chat, n = kind == "chatcmpl", req.params.n
+    runs = []
+
+    async def last_of(first, stream):
+        last = first
+        async for last in stream:
+            pass
+        return last
+
+    try:
+        for ids in prompts:
+            for j in range(n):
+                runs.append(await server.run(ids, req.params.child(j), kind))
+        finals = await asyncio.gather(*(last_of(first, stream) for _, first, stream in runs))
+    except RuntimeError as e:                       # the engine failed one of them
+        raise APIError(500, str(e)) from None
+    finally:
+        for _, _, stream in runs:                   # a no-op for those that finished; aborts the others
+            await stream.aclose()
+    batch = req.prompts or [req.prompt]
+    choices = []
+    for k, out in enumerate(finals):
+        server.metrics.record(out)
+        choices.append(choice(server, req, prompts[k // n], out, k, chat, batch[k // n]))
+    return {"id": runs[0][0], "object": "chat.completion" if chat else "text_completion", "created": protocol.now(),
+            "model": req.model, "choices": choices,
+            "usage": protocol.usage(sum(map(len, prompts)), sum(len(o.outputs[0].token_ids) for o in finals))}

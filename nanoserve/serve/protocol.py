@@ -3,7 +3,7 @@
 A request body is read field by field: each known field has one expected type, and a wrong one is a 400
 whose message names the field (`param`), as OpenAI's API answers. Unknown fields are ignored, as vLLM does
 (clients send fields like `user` that change nothing here). Fields the engine does not implement are
-accepted only at their neutral value (`n=1`, `best_of=1`, ...); anything else
+accepted only at their neutral value (`best_of=1`, `suffix=null`, ...); anything else
 is a 400 that says so, rather than a response that silently ignored what was asked. So is a number that is not
 finite (JSON's 1e999 parses as infinity).
 
@@ -40,6 +40,8 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param)
 
 
+MAX_CHOICES = 128   # prompts x n in one request: each is a request of its own in the engine
+
 # field -> (accepted JSON types, description for the error message)
 _NUMBER = ((int, float), "a number")
 _INT = ((int,), "an integer")
@@ -54,7 +56,7 @@ _SAMPLING_FIELDS = {
     "logprobs": _INT, "top_logprobs": _INT, "echo": _BOOL,   # chat's logprobs is a bool: read apart
     "min_p": _NUMBER, "min_tokens": _INT, "logit_bias": ((dict,), "an object of token id -> bias"),
 }
-_NEUTRAL = {"n": 1, "best_of": 1, "suffix": None, "tools": None, "include_stop_str_in_output": False,
+_NEUTRAL = {"best_of": 1, "suffix": None, "tools": None, "include_stop_str_in_output": False,
             "response_format": {"type": "text"}}
 
 
@@ -74,12 +76,17 @@ def _field(body: dict, name: str, default=None):
 
 @dataclass
 class ParsedRequest:
-    prompt: str | list[int]          # text, or token ids (completions accept both)
+    prompt: str | list[int]          # text, or token ids (completions accept both); the first of `prompts`
     params: SamplingParams
     stream: bool
     include_usage: bool
     model: str
     echo: bool = False               # completions: the prompt comes back before the completion
+    prompts: list | None = None      # completions: a batch of prompts, one choice each (times n)
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts or [self.prompt]) * self.params.n
 
 
 def parse_json(raw: bytes) -> dict:
@@ -119,9 +126,10 @@ def logprobs_fields(body: dict, chat: bool) -> tuple[int | None, int | None]:
     return ((top or 0) if want else None), None
 
 
-def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool = False
-                    ) -> tuple[SamplingParams, bool, bool]:
-    """The request's SamplingParams, whether it streams, and whether the stream ends with a usage chunk."""
+def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool = False,
+                    default_max_tokens: int = 16) -> tuple[SamplingParams, bool, bool]:
+    """The request's SamplingParams, whether it streams, and whether the stream ends with a usage chunk.
+    Without max_tokens: OpenAI's 16 for a completion; a chat passes the rest of the context."""
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
         if value is not None and value != neutral:
@@ -154,12 +162,12 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool
             raise bad("logit_bias", "expected an object whose keys are token ids") from None
     if chat and body.get("echo") not in (None, False):
         raise bad("echo", "is not supported for chat completions by this server (only false)")
-    kwargs = dict(logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
+    kwargs = dict(logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias, n=_field(body, "n", 1),
                   **{name: _field(body, name, default) for name, default in (
                       ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
                       ("min_p", 0.0), ("min_tokens", 0))},
                   temperature=_field(body, "temperature", 1.0), top_p=_field(body, "top_p", 1.0),
-                  top_k=_field(body, "top_k", -1), max_tokens=16 if max_tokens is None else max_tokens,
+                  top_k=_field(body, "top_k", -1), max_tokens=default_max_tokens if max_tokens is None else max_tokens,
                   ignore_eos=_field(body, "ignore_eos", False), seed=_field(body, "seed"), stop=stop or None,
                   stop_token_ids=_field(body, "stop_token_ids"))
     try:
@@ -174,19 +182,26 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool
 def completion_request(body: dict, served: str) -> ParsedRequest:
     model = check_model(body, served)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]                   # the openai client may send one prompt as a one-element list
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad("prompt", "is empty")
-    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
-        pass
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise bad("prompt", f"a batch of {len(prompt)} prompts is not supported: send one request per prompt")
-    else:
-        raise bad("prompt", f"expected a string or a list of token ids, got {json.dumps(prompt)[:40]}")
+    # a string, a list of token ids, or a batch of either (the openai client sends one prompt as a batch of one)
+    batch = prompt if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt) \
+        else [prompt]
+    for i, p in enumerate(batch):
+        name = "prompt" if len(batch) == 1 else f"prompt[{i}]"
+        if isinstance(p, str):
+            if not p:
+                raise bad(name, "is empty")
+        elif not (isinstance(p, list) and p and all(is_int(t) for t in p)):
+            raise bad(name, f"expected a string or a list of token ids, got {json.dumps(p)[:40]}")
     params, stream, include_usage = sampling_params(body)
-    return ParsedRequest(prompt, params, stream, include_usage, model, _field(body, "echo", False))
+    req = ParsedRequest(batch[0], params, stream, include_usage, model, _field(body, "echo", False),
+                        batch if len(batch) > 1 else None)
+    if req.num_choices > MAX_CHOICES:
+        raise bad("n" if params.n > 1 else "prompt", f"{req.num_choices} choices (prompts x n) asked for; at most "
+                  f"{MAX_CHOICES} in one request")
+    if stream and req.num_choices > 1:
+        raise bad("n" if params.n > 1 else "prompt", "several choices (n > 1 or a batch of prompts) cannot be "
+                  "streamed by this server yet: send stream=false, or one request per choice")
+    return req
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -256,18 +271,18 @@ def chat_logprobs(decode, token_ids: list[int], entries: list, top_k: int) -> di
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
-                     include_usage: bool, logprobs: dict | None = None) -> dict:
+                     include_usage: bool) -> dict:
     chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
+             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
     if include_usage:
         chunk["usage"] = None                # OpenAI: null in every chunk but the last
     return chunk
 
 
 def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None,
-               include_usage: bool, logprobs: dict | None = None) -> dict:
+               include_usage: bool) -> dict:
     chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
     if include_usage:
         chunk["usage"] = None
     return chunk

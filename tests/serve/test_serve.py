@@ -189,6 +189,37 @@ def test_penalties_bias_min_tokens_and_min_p_through_the_openai_client_equal_the
     assert want.token_ids[:6].count(stop_id) == 0      # min_tokens held the stop token back
 
 
+def test_n_samples_and_prompt_batches_equal_the_offline_engine(server):
+    """n samples of a prompt (seeded: each its own seed, reproducible) and a batch of prompts in one request:
+    one choice each, in the offline engine's order (prompt, then sample), usage summed."""
+    llm = LLM(max_num_seqs=8, max_model_len=1024)
+    c = client(server)
+    want = llm.generate(PROMPTS[:2], SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=MAX_TOKENS), use_tqdm=False)
+    got = c.completions.create(model="course", prompt=PROMPTS[:2], n=3, temperature=1.0, seed=11, max_tokens=MAX_TOKENS)
+    assert [ch.index for ch in got.choices] == list(range(6))
+    assert [ch.text for ch in got.choices] == [o.text for r in want for o in r.outputs]
+    assert len({ch.text for ch in got.choices[:3]}) > 1, "three samples of one prompt, three seeds"
+    assert got.usage.prompt_tokens == sum(len(r.prompt_token_ids) for r in want)
+    assert got.usage.completion_tokens == sum(len(o.token_ids) for r in want for o in r.outputs)
+    greedy = c.completions.create(model="course", prompt=[PROMPTS[2], PROMPTS[3]], max_tokens=MAX_TOKENS, temperature=0,
+                                  logprobs=1, echo=True)
+    offline = llm.generate(PROMPTS[2:4], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert [ch.text for ch in greedy.choices] == [p + o.outputs[0].text for p, o in zip(PROMPTS[2:4], offline)]
+    assert all(ch.logprobs.token_logprobs[0] is None for ch in greedy.choices)
+    chat = c.chat.completions.create(model="course", messages=[{"role": "user", "content": PROMPTS[0]}], n=2,
+                                     temperature=1.0, seed=3, max_tokens=MAX_TOKENS)
+    assert [ch.index for ch in chat.choices] == [0, 1] and chat.choices[0].message.content != chat.choices[1].message.content
+    wait_idle(server)
+
+
+def test_a_chat_without_max_tokens_may_use_the_rest_of_the_context(small):
+    r = httpx.post(f"{small}/v1/chat/completions", headers={"Authorization": "Bearer sesame"}, timeout=TIMEOUT,
+                   json={"messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0, "ignore_eos": True})
+    usage = r.json()["usage"]
+    assert r.status_code == 200 and usage["prompt_tokens"] + usage["completion_tokens"] == 256, r.text[:300]
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize("route", ["completions", "chat/completions"])
 def test_stream_framing_and_the_usage_chunk(server, route):
     body = {"model": "course", "max_tokens": 6, "temperature": 0, "stream": True}
@@ -229,14 +260,18 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "seed": True}, 400, "seed"),
     ({"prompt": "def f", "seed": 10**30}, 400, "seed"),
     ({"prompt": "def f", "stop": [1]}, 400, "stop"),
-    ({"prompt": "def f", "n": 2}, 400, "n"),
+    ({"prompt": "def f", "n": 0}, 400, "n"),
+    ({"prompt": "def f", "n": 10**30}, 400, "n"),
+    ({"prompt": "def f", "n": 2, "stream": True}, 400, "n"),               # several choices are not streamed yet
+    ({"prompt": ["def f", "def g"], "stream": True}, 400, "prompt"),
     ({"prompt": "def f", "logprobs": 21}, 400, "logprobs"),            # OpenAI's and vLLM's limit is 20
     ({"prompt": "def f", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "def f", "echo": "yes"}, 400, "echo"),
     ({"prompt": "def f", "stream": "yes"}, 400, "stream"),
     ({"prompt": "def f", "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
     ({"prompt": "def f", "model": "gpt-4"}, 404, "model"),
-    ({"prompt": ["a", "b"]}, 400, "prompt"),
+    ({"prompt": ["a", ""]}, 400, "prompt[1]"),
+    ({"prompt": ["a", 5]}, 400, "prompt"),
     (b'{"prompt": "def f", "temperature": 1e999}', 400, "temperature"),      # parsed as inf
     (b'{"prompt": "def f", "top_p": NaN}', 400, "top_p"),                    # Python's json reads NaN
     ({"prompt": "def f", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
@@ -440,10 +475,12 @@ def test_random_bodies_never_get_a_5xx(server, offline):
     async def one(http, i):
         body = {f: rng.choice(pool) for f in rng.sample(fields, rng.randint(1, 6))}
         body.setdefault("prompt", rng.choice(["def f(x):", [5, 6, 7]]))
-        if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool) \
-                and 0 < body["max_tokens"] < 10**6:
-            body["max_tokens"] = min(body["max_tokens"], 8)
+        for name in ("max_tokens", "max_completion_tokens"):   # valid lengths kept short: the fuzz is about the answers
+            if isinstance(body.get(name), int) and not isinstance(body[name], bool) and 0 < body[name] < 10**6:
+                body[name] = min(body[name], 8)
         route = rng.choice(["completions", "chat/completions"])
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = 8      # a chat without one may run to the end of the context (tested apart)
         r = await http.post(f"{server}/v1/{route}", content=json.dumps(body).encode(),
                             headers={"content-type": "application/json"})
         if r.status_code >= 500 or (r.status_code >= 400 and "error" not in r.json()):
