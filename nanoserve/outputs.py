@@ -39,3 +39,4 @@ class RequestOutput:
     error: str | None = None        # why this request failed (the others still ran)
     # with SamplingParams.prompt_logprobs: one per prompt token, None for the first (nothing predicts it)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_cached_tokens: int = 0      # prompt tokens read from the prefix cache instead of computed

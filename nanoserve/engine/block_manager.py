@@ -99,6 +99,8 @@ class BlockManager:
     def record_admission(self, seq: Sequence, hit_tokens: int) -> None:
         self.queried_tokens += seq.num_tokens
         self.hit_tokens += hit_tokens
+        if seq.num_prefix_hit_tokens is None:   # the request's own count: its first admission (usage.cached_tokens)
+            seq.num_prefix_hit_tokens = hit_tokens
 
     # -- growing and releasing ----------------------------------------------------------------------
     def ensure(self, seq: Sequence, num_tokens: int) -> bool:

@@ -181,7 +181,8 @@ class LLMEngine:
                                       seq.stop_reason if finished else None,
                                       None if seq.logprobs is None else seq.logprobs[:len(out)])],
             finished=finished, metrics=request_metrics(seq),
-            prompt_logprobs=None if seq.prompt_logprobs is None or seq.needs_prompt_logits else list(seq.prompt_logprobs))
+            prompt_logprobs=None if seq.prompt_logprobs is None or seq.needs_prompt_logits else list(seq.prompt_logprobs),
+            num_cached_tokens=seq.num_prefix_hit_tokens or 0)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -29,6 +29,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_cached_tokens = 0                # tokens whose keys/values are in the KV cache
         self.num_computed_ever = 0                # high-water mark, so recomputation after preemption shows
+        self.num_prefix_hit_tokens: int | None = None   # prompt tokens the prefix cache held at first admission
         self.params = params
         self.status = Status.WAITING
         self.block_table: list[int] = []          # KV blocks holding its positions, in order (chapter 04)

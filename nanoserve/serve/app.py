@@ -25,6 +25,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from nanoserve.engine.async_engine import QueueFull
 from nanoserve.serve import protocol
@@ -100,6 +101,13 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
     async def api_error(request: Request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    @app.exception_handler(HTTPException)
+    async def route_error(request: Request, e: HTTPException):   # no such route (404), wrong method (405)
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        error = APIError(e.status_code, what.get(e.status_code, str(e.detail)),
+                         type_={404: "NotFoundError", 405: "MethodNotAllowedError"}.get(e.status_code))
+        return JSONResponse(error.body(), status_code=e.status_code, headers=getattr(e, "headers", None))
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception):   # a bug of ours: still an answer, and still serving
         log.exception("unexpected error on %s", request.url.path)
@@ -113,11 +121,29 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
     async def metrics():
         return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 
+    def model_card() -> dict:
+        return {"id": served_model_name, "object": "model", "created": protocol.now(), "owned_by": "nanoserve",
+                "max_model_len": max_model_len}
+
     @app.get("/v1/models")
     async def models(request: Request):
         server.check_auth(request)
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": protocol.now(),
-                                            "owned_by": "nanoserve", "max_model_len": max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")   # the openai client's models.retrieve
+    async def model(model_id: str, request: Request):
+        server.check_auth(request)
+        protocol.check_model({"model": model_id}, served_model_name)
+        return model_card()
+
+    @app.get("/version")
+    async def version():
+        from nanoserve import __version__
+        return {"version": __version__}
+
+    @app.api_route("/ping", methods=["GET", "POST"])   # vLLM's (SageMaker's) liveness route, as /health
+    async def ping():
+        return Response(status_code=200)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -199,7 +225,7 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
         server.metrics.record(last)
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": req.model, "choices": [choice(server, req, ids, last, 0, chat)],
-                "usage": protocol.usage(len(ids), len(last.outputs[0].token_ids))}
+                "usage": protocol.usage(len(ids), len(last.outputs[0].token_ids), last.num_cached_tokens)}
 
     def chunk(text: str, reason: str | None, scored: dict | None = None) -> bytes:
         payload = {"content": text} if chat else text
@@ -235,7 +261,8 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
                     break
             if req.include_usage:
                 yield protocol.sse(protocol.usage_chunk(request_id, chunk_object, req.model, created,
-                                                        protocol.usage(len(ids), len(last.outputs[0].token_ids))))
+                                                        protocol.usage(len(ids), len(last.outputs[0].token_ids),
+                                                                       last.num_cached_tokens)))
         except RuntimeError as e:                    # the engine failed this request: say so in the stream
             yield protocol.sse(APIError(500, str(e)).body())
         finally:
@@ -309,4 +336,5 @@ async def respond_many(server: Server, prompts: list[list[int]], req, kind: str)
         choices.append(choice(server, req, prompts[k // n], out, k, chat, batch[k // n]))
     return {"id": runs[0][0], "object": "chat.completion" if chat else "text_completion", "created": protocol.now(),
             "model": req.model, "choices": choices,
-            "usage": protocol.usage(sum(map(len, prompts)), sum(len(o.outputs[0].token_ids) for o in finals))}
+            "usage": protocol.usage(sum(map(len, prompts)), sum(len(o.outputs[0].token_ids) for o in finals),
+                                    sum(o.num_cached_tokens for o in finals[::n]))}

@@ -388,7 +388,29 @@ def test_tokenize_detokenize_models_and_health(server):
     assert back["prompt"] == "def add(a, b):"
     assert httpx.post(f"{server}/detokenize", json={"tokens": "abc"}, timeout=TIMEOUT).status_code == 400
     assert client(server).models.list().data[0].id == "course"
+    assert client(server).models.retrieve("course").id == "course"
+    with pytest.raises(openai.NotFoundError):
+        client(server).models.retrieve("gpt-4")
     assert httpx.get(f"{server}/health", timeout=TIMEOUT).status_code == 200
+    assert httpx.get(f"{server}/ping", timeout=TIMEOUT).status_code == 200
+    assert httpx.post(f"{server}/ping", timeout=TIMEOUT).status_code == 200
+    from nanoserve import __version__
+    assert httpx.get(f"{server}/version", timeout=TIMEOUT).json() == {"version": __version__}
+    # a route or a method the server does not have: OpenAI's error JSON all the same
+    for method, path, status in [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405),
+                                 ("DELETE", "/v1/models", 405)]:
+        r = httpx.request(method, f"{server}{path}", timeout=TIMEOUT)
+        error = r.json()["error"]
+        assert r.status_code == status and error["code"] == status and path in error["message"], r.text
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_held(server):
+    prompt = "import os\nimport sys\n" * 8        # several full blocks
+    first, again = (httpx.post(f"{server}/v1/completions", timeout=TIMEOUT, json={
+        "prompt": prompt, "max_tokens": 2, "temperature": 0}).json()["usage"] for _ in range(2))
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and cached % 16 == 0 and cached < again["prompt_tokens"], again
 
 
 def test_api_key_guards_v1_but_not_health_or_metrics(small):
