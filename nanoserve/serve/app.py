@@ -13,7 +13,9 @@ What a server must survive, and how this one does:
     the same JSON) and the server goes on;
   - a full queue: 429 with Retry-After, before anything is queued;
   - a client that leaves mid-stream: Starlette cancels the response, and leaving `front.generate` aborts
-    the request, freeing its KV blocks at the next step boundary;
+    the request, freeing its KV blocks at the next step boundary; one that leaves before its first token, or
+    while a non-streamed answer is computed, is noticed within `DISCONNECT_POLL_S` (`unless_gone`) and its
+    request aborted the same way, queued or running: it is never admitted or prefilled for nobody;
   - an engine error in one request's step: that request ends with the error (a 500, or an error event in
     its stream), the others go on.
 """
@@ -35,6 +37,33 @@ from nanoserve.validation import is_int
 
 log = logging.getLogger("nanoserve.serve")
 RETRY_AFTER_S = 1   # what a 429 tells the client to wait: about one batch's worth of decode steps here
+DISCONNECT_POLL_S = 0.1   # how often a handler that waits on the engine checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client disconnected while its handler waited on the engine: its requests were aborted."""
+
+    def __init__(self, requests: int = 1):
+        super().__init__(f"the client left; {requests} request(s) aborted")
+        self.requests = requests
+
+
+async def unless_gone(request: Request | None, awaitable):
+    """Await `awaitable`, unless the client disconnects first: then cancel it (leaving `front.generate` aborts
+    the request) and raise ClientGone. Starlette cancels a handler only once a streamed response has begun."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while request is not None:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await request.is_disconnected():
+                raise ClientGone
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})   # its generators' cleanup (the abort) has run
 
 
 class Server:
@@ -74,12 +103,13 @@ class Server:
                                 f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
                                 f"{params.max_tokens} for the completion).", "max_tokens")
 
-    async def run(self, ids: list[int], params, kind: str):
-        """Submit one request and return (request id, the async iterator of its outputs). QueueFull → 429."""
+    async def run(self, ids: list[int], params, kind: str, request: Request | None = None):
+        """Submit one request and return (request id, its first output, the async iterator of the rest).
+        QueueFull → 429; a client that leaves before the first output → ClientGone, the request aborted."""
         request_id = protocol.new_id(kind)
         stream = self.front.generate(request_id, ids, params)
-        try:
-            first = await stream.__anext__()     # raises QueueFull, or the engine's error for a bad request
+        try:   # raises QueueFull, or the engine's error for a bad request
+            first = await unless_gone(request, stream.__anext__())
         except QueueFull as e:
             raise APIError(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except (ValueError, TypeError) as e:
@@ -100,6 +130,11 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone):   # nobody reads it: nginx's "client closed request"
+        server.metrics.record_aborts(e.requests)
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)
     async def route_error(request: Request, e: HTTPException):   # no such route (404), wrong method (405)
@@ -181,8 +216,8 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         for ids, name in zip(prompts, names):
             server.check_length(ids, req.params, name)
         if req.num_choices > 1:
-            return await respond_many(server, prompts, req, "cmpl")
-        return await respond(server, prompts[0], req, "cmpl", protocol.completion_chunk, "text_completion")
+            return await respond_many(server, prompts, req, "cmpl", request)
+        return await respond(server, prompts[0], req, "cmpl", protocol.completion_chunk, "text_completion", request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -201,14 +236,15 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         if req.num_choices > 1:
             if stream:
                 raise protocol.bad("n", "several choices cannot be streamed by this server yet: send stream=false")
-            return await respond_many(server, [ids], req, "chatcmpl")
-        return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk")
+            return await respond_many(server, [ids], req, "chatcmpl", request)
+        return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk", request)
 
     return app
 
 
-async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str):
-    request_id, first, outputs = await server.run(ids, req.params, kind)
+async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str,
+                  request: Request | None = None):
+    request_id, first, outputs = await server.run(ids, req.params, kind, request)
     created, chat = protocol.now(), kind == "chatcmpl"
     echo = echoed(server, req.prompt, ids) if req.echo else ""
 
@@ -216,10 +252,8 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
         return scored_tokens(server, req, ids, out, start, stop, offset, chat, with_prompt)
 
     if not req.stream:
-        last = first
         try:
-            async for last in outputs:
-                pass
+            last = await unless_gone(request, last_of(first, outputs))
         except RuntimeError as e:                    # the engine failed this request alone
             raise APIError(500, str(e)) from None
         server.metrics.record(last)
@@ -305,25 +339,29 @@ def choice(server: Server, req, ids: list[int], out, index: int, chat: bool, pro
     return {"index": index, "text": echo + completion.text, "logprobs": scored, "finish_reason": reason}
 
 
-async def respond_many(server: Server, prompts: list[list[int]], req, kind: str) -> dict:
+async def last_of(first, outputs):
+    """The last of a request's outputs (the finished one), given its first and the iterator of the rest."""
+    last = first
+    async for last in outputs:
+        pass
+    return last
+
+
+async def respond_many(server: Server, prompts: list[list[int]], req, kind: str, request: Request | None = None) -> dict:
     """Several choices in one answer, not streamed: each prompt of a completions batch, each sampled n times
     (choice index = prompt index x n + sample). Every sample is a request of its own; they run together and
     share each prompt's KV blocks through the prefix cache. If one fails or the client leaves, the rest are
     aborted."""
     chat, n = kind == "chatcmpl", req.params.n
-    runs = []
-
-    async def last_of(first, stream):
-        last = first
-        async for last in stream:
-            pass
-        return last
-
+    runs, submitted = [], 0
     try:
         for ids in prompts:
             for j in range(n):
-                runs.append(await server.run(ids, req.params.child(j), kind))
-        finals = await asyncio.gather(*(last_of(first, stream) for _, first, stream in runs))
+                submitted += 1
+                runs.append(await server.run(ids, req.params.child(j), kind, request))
+        finals = await unless_gone(request, asyncio.gather(*(last_of(first, stream) for _, first, stream in runs)))
+    except ClientGone:
+        raise ClientGone(submitted) from None
     except RuntimeError as e:                       # the engine failed one of them
         raise APIError(500, str(e)) from None
     finally:

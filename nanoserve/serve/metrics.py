@@ -97,5 +97,9 @@ class ServerMetrics:
         for a, b in zip(times, times[1:]):
             self.itl.observe(b - a)
 
+    def record_aborts(self, count: int) -> None:
+        """Requests aborted before any output reached their handler (a client that left while they waited)."""
+        self._success.labels(self.model_name, "abort").inc(count)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -381,6 +381,56 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert metric(server, "vllm:request_success_total") == aborted + 1
 
 
+def test_a_non_streaming_client_that_times_out_has_its_request_aborted(server):
+    wait_idle(server)
+    aborted = metric(server, "vllm:request_success_total", before_first=0.0)
+    aborts = aborted_count(server)
+    with pytest.raises(httpx.ReadTimeout):   # about 900 tokens to generate: the client gives up after a second
+        httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 900, "ignore_eos": True},
+                   timeout=httpx.Timeout(60.0, read=1.0))
+    wait_idle(server)
+    assert aborted_count(server) == aborts + 1                  # aborted, not run on to its "length"
+    assert metric(server, "vllm:request_success_total") == aborted + 1
+
+
+def test_streams_whose_clients_leave_while_queued_are_never_admitted(small):
+    """Two long requests fill the 2-sequence batch; two streams queue behind them and their clients leave before
+    a first token. They are aborted where they wait: the prefix cache never looks them up (admission does)."""
+    import threading
+    key = {"Authorization": "Bearer sesame"}
+    long = {"prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True}
+    threads = [threading.Thread(target=httpx.post, args=(f"{small}/v1/completions",),
+                                kwargs=dict(json=long, headers=key, timeout=TIMEOUT)) for _ in range(2)]
+    finished = metric(small, "vllm:request_success_total", before_first=0.0)
+    aborts = aborted_count(small)
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while metric(small, "vllm:num_requests_running") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        looked_up = metric(small, "vllm:prefix_cache_queries_total")
+        for prompt in PROMPTS[3:5]:
+            with pytest.raises(httpx.ReadTimeout):   # no first token while the batch is full: the client leaves
+                httpx.post(f"{small}/v1/completions", headers=key, timeout=httpx.Timeout(60.0, read=0.5),
+                           json={"prompt": prompt, "max_tokens": 4, "stream": True})
+        assert metric(small, "vllm:num_requests_running") == 2, "the long requests must still hold the batch"
+    finally:
+        for t in threads:
+            t.join(60)
+    wait_idle(small)
+    assert metric(small, "vllm:prefix_cache_queries_total") == looked_up, "a stream whose client left was admitted"
+    assert metric(small, "vllm:request_success_total") == finished + 4      # the two long ones and two aborts
+    assert aborted_count(small) == aborts + 2
+
+
+def aborted_count(url) -> float:
+    """vllm:request_success_total{finished_reason="abort"}: 0 before the server's first abort."""
+    text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{") and 'finished_reason="abort"' in line)
+
+
 def test_tokenize_detokenize_models_and_health(server):
     r = httpx.post(f"{server}/tokenize", json={"prompt": "def add(a, b):"}, timeout=TIMEOUT).json()
     assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 1024
