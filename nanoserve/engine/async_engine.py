@@ -28,6 +28,10 @@ from nanoserve.validation import check_int
 _IDLE_WAIT_S = 0.05   # how long the idle loop blocks on the command queue before checking for shutdown
 
 
+class EngineStopping(RuntimeError):
+    """The engine stopped this request before it finished (the server is shutting down)."""
+
+
 class QueueFull(RuntimeError):
     """The waiting queue is at its bound: try again later (HTTP 429)."""
 
@@ -107,6 +111,11 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def stop_all(self, reason: str) -> None:
+        """Abort every request, waiting or running, and end each one's `generate` with EngineStopping(reason)
+        (a server at its shutdown deadline answers them all instead of leaving them cut off)."""
+        self._commands.put(("stop_all", reason))
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the loop thread: requests still running are aborted."""
         self._stop.set()
@@ -174,6 +183,12 @@ class AsyncLLMEngine:
                 return taken[0], taken[1]
 
     def _apply(self, command) -> None:
+        if command[0] == "stop_all":
+            for request_id in list(self._sinks):
+                self.engine.abort(request_id)
+                self._send(request_id, EngineStopping(command[1]))
+                self._sinks.pop(request_id, None)
+            return
         if command[0] == "abort":
             request_id = command[1]
             self.engine.abort(request_id)

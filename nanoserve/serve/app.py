@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from nanoserve.engine.async_engine import QueueFull
+from nanoserve.engine.async_engine import EngineStopping, QueueFull
 from nanoserve.serve import protocol
 from nanoserve.serve.metrics import CONTENT_TYPE, ServerMetrics
 from nanoserve.serve.protocol import APIError
@@ -112,6 +112,8 @@ class Server:
             first = await unless_gone(request, stream.__anext__())
         except QueueFull as e:
             raise APIError(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineStopping as e:               # still queued when the server's shutdown deadline came
+            raise APIError(503, str(e)) from None
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e)) from None
         return request_id, first, stream
@@ -254,8 +256,8 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
     if not req.stream:
         try:
             last = await unless_gone(request, last_of(first, outputs))
-        except RuntimeError as e:                    # the engine failed this request alone
-            raise APIError(500, str(e)) from None
+        except RuntimeError as e:                    # the engine failed this request alone, or is stopping
+            raise APIError(503 if isinstance(e, EngineStopping) else 500, str(e)) from None
         server.metrics.record(last)
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": req.model, "choices": [choice(server, req, ids, last, 0, chat)],
@@ -297,8 +299,8 @@ async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, ch
                 yield protocol.sse(protocol.usage_chunk(request_id, chunk_object, req.model, created,
                                                         protocol.usage(len(ids), len(last.outputs[0].token_ids),
                                                                        last.num_cached_tokens)))
-        except RuntimeError as e:                    # the engine failed this request: say so in the stream
-            yield protocol.sse(APIError(500, str(e)).body())
+        except RuntimeError as e:                    # the engine failed this request, or is stopping: say so
+            yield protocol.sse(APIError(503 if isinstance(e, EngineStopping) else 500, str(e)).body())
         finally:
             if not finished:                         # a disconnect (cancelled) or an error: abort, free blocks
                 await outputs.aclose()
@@ -362,8 +364,8 @@ async def respond_many(server: Server, prompts: list[list[int]], req, kind: str,
         finals = await unless_gone(request, asyncio.gather(*(last_of(first, stream) for _, first, stream in runs)))
     except ClientGone:
         raise ClientGone(submitted) from None
-    except RuntimeError as e:                       # the engine failed one of them
-        raise APIError(500, str(e)) from None
+    except RuntimeError as e:                       # the engine failed one of them, or is stopping
+        raise APIError(503 if isinstance(e, EngineStopping) else 500, str(e)) from None
     finally:
         for _, _, stream in runs:                   # a no-op for those that finished; aborts the others
             await stream.aclose()

@@ -30,7 +30,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
         self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                              429: "RateLimitError"}.get(status, "InternalServerError")
+                              429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}

@@ -4,8 +4,10 @@
 
 The flags are the engine's options with vLLM's spelling. The server binds loopback unless told otherwise
 (`--host 0.0.0.0` exposes it; pair that with `--api-key`). On SIGINT or SIGTERM uvicorn stops accepting
-connections and lets the requests in flight finish for up to `--shutdown-timeout` seconds; what is still
-running then is cancelled (its KV blocks freed), the engine loop stops, and the process exits with 0.
+connections and lets the requests in flight finish for up to `--shutdown-timeout` seconds. A second before
+that deadline, what is still running or waiting is stopped (its KV blocks freed) and answered: a stream ends
+with an error event and `[DONE]`, a non-streamed request gets a 503 with OpenAI's error JSON. Then the engine
+loop stops and the process exits with 0.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
 from nanoserve.engine.args import EngineArgs
 
@@ -71,13 +74,30 @@ def main(argv=None) -> None:
     stopped_by = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stopped_by.append(signal.Signals(signum).name))
+    done = threading.Event()
+    threading.Thread(target=stop_at_deadline, args=(server, front, args.shutdown_timeout, done), daemon=True).start()
     print(f"nanoserve: serving {app.state.server.model!r} on http://{args.host}:{args.port}/v1 "
           f"(max_num_seqs {args.max_num_seqs}, max_model_len {llm.engine.config.max_model_len})", flush=True)
     try:
         server.run()          # returns after SIGINT/SIGTERM, once in-flight requests drained or timed out
     finally:
+        done.set()
         front.shutdown()
         llm.shutdown()
     print(f"nanoserve: stopped{' by ' + stopped_by[0] if stopped_by else ''}", flush=True)
     if not server.started:
         sys.exit(1)           # the port was taken, say: uvicorn has printed why
+
+
+def stop_at_deadline(server, front, timeout_s: float, done: threading.Event, margin_s: float = 1.0) -> None:
+    """Once uvicorn begins its graceful shutdown, wait until `margin_s` before its deadline; then stop every
+    request still in flight, so each is answered while uvicorn still waits for it (past the deadline uvicorn
+    cancels the handlers: streams cut off with no [DONE], and a traceback each in the log)."""
+    while not server.should_exit:
+        if done.wait(0.1):
+            return
+    if done.wait(max(0.0, timeout_s - margin_s)):
+        return
+    logging.getLogger("nanoserve.serve").warning("shutdown: %.0f s passed; stopping the requests still in flight",
+                                                 timeout_s - margin_s)
+    front.stop_all("the server is shutting down")

@@ -51,7 +51,7 @@ def test_a_loop_waiting_in_a_data_region_is_data_bound():
 
 
 def test_a_matmul_loop_is_busy_and_counts_its_flops():
-    n, iters = 192, 30
+    n, iters = 192, 120   # about 60 ms: long enough that a few ms lost to another process on the cores do not decide
     a, b = torch.randn(n, n), torch.randn(n, n)
 
     def job():

@@ -532,6 +532,60 @@ def test_sigterm_drains_in_flight_streams_and_exits_cleanly():
     assert "Traceback" not in out, out[-2000:]
 
 
+def test_past_the_shutdown_timeout_every_request_is_answered_not_cut_off():
+    """Streams and a non-streamed request that cannot finish within --shutdown-timeout: each stream ends with an
+    error event and [DONE], the other gets a 503 in OpenAI's shape, the log says so in one line, exit 0."""
+    import threading
+    port = free_port()
+    proc = subprocess.Popen(SERVE + ["--port", str(port), "--max-num-seqs", "3", "--max-model-len", "1024",
+                                     "--shutdown-timeout", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    long = {"prompt": PROMPTS[0], "max_tokens": 1000, "ignore_eos": True}
+    answers = {}
+
+    def stream(i):
+        with httpx.stream("POST", f"{url}/v1/completions", json={**long, "stream": True}, timeout=TIMEOUT) as r:
+            answers[i] = [line for line in r.iter_lines() if line]
+
+    def plain():
+        r = httpx.post(f"{url}/v1/completions", json=long, timeout=TIMEOUT)
+        answers["plain"] = (r.status_code, r.json())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)] + [threading.Thread(target=plain)]
+        for t in threads:
+            t.start()
+        while metric(url, "vllm:num_requests_running") < 3:     # all three started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(30)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.communicate(timeout=10)[0]
+    for i in range(2):
+        events = answers[i]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == 503 and error["type"] == "ServiceUnavailableError" and "shutting down" in error["message"]
+    status, body = answers["plain"]
+    assert status == 503 and "shutting down" in body["error"]["message"], body
+    assert "Traceback" not in out and out.count("stopping the requests still in flight") == 1, out[-3000:]
+
+
 def test_random_bodies_never_get_a_5xx(server, offline):
     """A small fuzz: 150 bodies mixing valid and hostile values of every field; each answer is a 2xx or a
     4xx with OpenAI's error JSON, and the server still answers a good request exactly afterwards."""
