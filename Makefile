@@ -45,6 +45,6 @@ gpu-check: setup
 clean:
 	rm -rf .venv .pytest_cache
 
-# Grade a learner's lab: make grade NB=labs/lab03_data_pipeline.ipynb
+# Grade a learner's lab: make grade NB=labs/lab03_data_pipeline.ipynb; a class: make grade NB=submissions/ (grades.csv)
 grade: setup
 	$(PY) -m nanoserve.course.grade $(NB)

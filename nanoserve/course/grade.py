@@ -1,6 +1,7 @@
 """Grade a learner's lab notebook: run it top to bottom and print every check as pass or fail.
 
     python -m nanoserve.course.grade labs/lab03_data_pipeline.ipynb [--timeout 120] [--save executed.ipynb]
+    python -m nanoserve.course.grade submissions/ --csv grades.csv   # a class (below, "Grading a class")
 
 The notebook runs in a fresh kernel of this Python environment (the one that has nanoserve), in the
 notebook's own folder, with errors allowed so that one broken cell does not hide the later checks.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import csv
 import functools
 import os
 import shutil
@@ -181,12 +183,108 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+# --- grading a class ------------------------------------------------------------------------------------------
+# A folder of submissions, one sub-folder per learner (ada/lab03_data_pipeline.ipynb, grace/lab03_...). Each
+# notebook is graded as above, one after the other. The CSV has one row per learner and notebook: the verdict,
+# how many checks passed and failed, why a notebook could not be graded, the seconds, then one column per check
+# (PASS or FAIL; empty where that notebook has no such check). A submission that is not a notebook (not JSON,
+# empty), was edited until no check runs, or loops forever (interrupted at the cell limit) is a failed row that
+# says why; the batch goes on.
+
+@dataclass
+class Row:
+    """One learner's one notebook."""
+
+    learner: str
+    notebook: str
+    report: Report | None = None
+    problem: str = ""            # why it could not be graded, or why it counts as failed without a failed check
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem and bool(self.checks) and all(self.checks.values())
+
+
+def submissions(root: Path) -> list[tuple[str, Path]]:
+    """(learner, notebook) for every .ipynb in root/<learner>/ (any depth; Jupyter's checkpoints left out)."""
+    found = []
+    for learner in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for path in sorted(learner.rglob("*.ipynb")):
+            if ".ipynb_checkpoints" not in path.parts:
+                found.append((learner.name, path))
+    return found
+
+
+def grade_one(learner: str, path: Path, timeout: float) -> Row:
+    row = Row(learner, path.name)
+    try:
+        row.report = grade(path, timeout=timeout)
+    except Exception as exc:   # not JSON, not a notebook, unreadable: this row fails, the batch goes on
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        row.problem = f"cannot be read as a notebook: {type(exc).__name__}: {first}"[:300]
+        return row
+    for check in row.report.checks:
+        row.checks[check.name] = row.checks.get(check.name, True) and check.passed
+    if not row.checks:
+        row.problem = "no check ran (the check cells were removed or never printed)"
+    return row
+
+
+def grade_folder(root: str | Path, timeout: float = 120.0, progress=print) -> list[Row]:
+    root = Path(root)
+    rows = []
+    for learner, path in submissions(root):
+        rows.append(grade_one(learner, path, timeout))
+        row = rows[-1]
+        progress(f"{row.learner}/{row.notebook}: {'PASS' if row.passed else 'FAIL'} "
+                 f"({sum(row.checks.values())}/{len(row.checks)} checks){' ' + row.problem if row.problem else ''}")
+    return rows
+
+
+def write_csv(rows: list[Row], path: str | Path) -> None:
+    names = list(dict.fromkeys(name for row in rows for name in row.checks))   # first seen first
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["learner", "notebook", "result", "passed", "failed", "problem", "seconds"] + names)
+        for row in rows:
+            out.writerow([row.learner, row.notebook, "PASS" if row.passed else "FAIL", sum(row.checks.values()),
+                          len(row.checks) - sum(row.checks.values()), row.problem,
+                          f"{row.report.seconds:.1f}" if row.report else ""]
+                         + [("PASS" if row.checks[n] else "FAIL") if n in row.checks else "" for n in names])
+
+
+def summary(rows: list[Row]) -> str:
+    """Per notebook: how many learners handed it in, how many passed every check, the checks failed most."""
+    lines = [f"{'notebook':<36} {'learners':>8} {'all passed':>10}  failed most"]
+    for notebook in sorted({r.notebook for r in rows}):
+        mine = [r for r in rows if r.notebook == notebook]
+        misses: dict[str, int] = {}
+        for r in mine:
+            for name, ok in r.checks.items():
+                misses[name] = misses.get(name, 0) + (not ok)
+        worst = ", ".join(f"{n} ({k})" for n, k in sorted(misses.items(), key=lambda kv: -kv[1])[:3] if k)
+        lines.append(f"{notebook:<36} {len(mine):>8} {sum(r.passed for r in mine):>10}  {worst or '-'}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanoserve.course.grade", description=__doc__.split("\n")[0])
-    parser.add_argument("notebook", help="the learner's lab notebook (.ipynb)")
+    parser.add_argument("notebook", help="the learner's lab notebook (.ipynb), or a folder of submissions "
+                                         "(one sub-folder per learner)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per cell (default 120)")
     parser.add_argument("--save", metavar="PATH", help="also write the executed notebook here")
+    parser.add_argument("--csv", metavar="PATH", default="grades.csv",
+                        help="for a folder: the table of results to write (default grades.csv)")
     args = parser.parse_args(argv)
+    if Path(args.notebook).is_dir():
+        rows = grade_folder(args.notebook, timeout=args.timeout)
+        if not rows:
+            parser.error(f"no notebooks under {args.notebook!r}: expected one sub-folder of .ipynb files per learner")
+        write_csv(rows, args.csv)
+        print(summary(rows))
+        print(f"{len(rows)} notebooks of {len({r.learner for r in rows})} learners graded: {args.csv}")
+        return 0
     if not Path(args.notebook).is_file():
         parser.error(f"notebook {args.notebook!r} does not exist")
     try:
