@@ -232,12 +232,8 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens", chat=True,
                                                                  default_max_tokens=max(1, max_model_len - len(ids)))
         server.check_length(ids, params, "messages")
-        req = protocol.ParsedRequest(text, params, stream, include_usage, model)
-        if req.num_choices > protocol.MAX_CHOICES:
-            raise protocol.bad("n", f"at most {protocol.MAX_CHOICES} choices in one request")
+        req = protocol.check_choices(protocol.ParsedRequest(text, params, stream, include_usage, model))
         if req.num_choices > 1:
-            if stream:
-                raise protocol.bad("n", "several choices cannot be streamed by this server yet: send stream=false")
             return await respond_many(server, [ids], req, "chatcmpl", request)
         return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk", request)
 

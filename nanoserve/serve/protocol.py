@@ -193,14 +193,18 @@ def completion_request(body: dict, served: str) -> ParsedRequest:
         elif not (isinstance(p, list) and p and all(is_int(t) for t in p)):
             raise bad(name, f"expected a string or a list of token ids, got {json.dumps(p)[:40]}")
     params, stream, include_usage = sampling_params(body)
-    req = ParsedRequest(batch[0], params, stream, include_usage, model, _field(body, "echo", False),
-                        batch if len(batch) > 1 else None)
+    return check_choices(ParsedRequest(batch[0], params, stream, include_usage, model, _field(body, "echo", False),
+                                       batch if len(batch) > 1 else None))
+
+
+def check_choices(req: ParsedRequest) -> ParsedRequest:
+    """At most MAX_CHOICES choices (prompts x n), and one when streaming (several are not streamed yet)."""
+    field = "n" if req.params.n > 1 else "prompt"
     if req.num_choices > MAX_CHOICES:
-        raise bad("n" if params.n > 1 else "prompt", f"{req.num_choices} choices (prompts x n) asked for; at most "
-                  f"{MAX_CHOICES} in one request")
-    if stream and req.num_choices > 1:
-        raise bad("n" if params.n > 1 else "prompt", "several choices (n > 1 or a batch of prompts) cannot be "
-                  "streamed by this server yet: send stream=false, or one request per choice")
+        raise bad(field, f"{req.num_choices} choices (prompts x n) asked for; at most {MAX_CHOICES} in one request")
+    if req.stream and req.num_choices > 1:
+        raise bad(field, "several choices (n > 1 or a batch of prompts) cannot be streamed by this server yet: "
+                         "send stream=false, or one request per choice")
     return req
 
 

@@ -309,7 +309,9 @@ def test_bad_requests_get_4xx_with_openai_error_json_and_the_server_keeps_servin
                         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
                         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
                          "top_logprobs"),
-                        ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo")]:
+                        ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}, "n"),
+                        ({"messages": [{"role": "user", "content": "hi"}], "n": 129}, "n")]:
         r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.post(f"{server}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
