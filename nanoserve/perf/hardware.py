@@ -143,8 +143,17 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _matmul_flops(n: int, dtype: torch.dtype, dev: torch.device) -> float:
-    """Best FLOP/s of an n x n x n matmul (2*n^3 FLOPs per run)."""
+def _matmul_flops(n: int, dtype: torch.dtype, dev: torch.device, budget_s: float = 1.0) -> float:
+    """Best FLOP/s of an n x n x n matmul (2*n^3 FLOPs per run).
+
+    Where the kernel is very slow (bf16 on a CPU without bf16 units runs a plain loop, under a GFLOP/s: 20 s for
+    the six runs at 1024), n is halved until the runs fit in about `budget_s`, judged from a 256^3 probe. Such a
+    kernel stays far below the fast kernels' rate at any size (the best of its sizes is kept as its ceiling);
+    a fast one keeps n."""
+    probe = torch.randn(256, 256, device=dev).to(dtype)
+    probe_s = timeit(torch.matmul, probe, probe, warmup=1, repeat=2, device=dev).min_s
+    while n > 256 and 6 * probe_s * (n / 256) ** 3 > budget_s:
+        n //= 2
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     out = torch.empty(n, n, device=dev, dtype=dtype)
