@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test unit notebooks labs bench grade gpu-check clean
+.PHONY: setup lab test unit notebooks labs student bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -19,7 +19,8 @@ lab: setup
 # time with nothing beside them, and with them the labs' tests that read nbval's run of each solution.
 LAB_TESTS := tests/course/test_lab[0-9]*.py
 UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' -n 2 --dist loadfile
-NOTEBOOKS := -m pytest $(LAB_TESTS) tests/fixtures chapters solutions
+# (wildcard: the student bundle, `make student`, has no solutions/ and no lab tests; its `make test` runs the rest)
+NOTEBOOKS := -m pytest $(wildcard $(LAB_TESTS) tests/fixtures) chapters $(wildcard solutions)
 
 test: setup
 	$(PY) $(UNIT)
@@ -34,6 +35,10 @@ notebooks: setup
 
 labs: setup
 	$(PY) tools/make_labs.py
+
+# The learner's copy of the course, without solutions: dist/nanoserve-student/ and dist/nanoserve-student.zip
+student: setup
+	$(PY) tools/make_student.py
 
 bench: setup
 	$(PY) -m nanoserve bench
