@@ -138,7 +138,7 @@ def _number(value: object) -> bool:
 
 
 def check_prediction(name: str, predicted: object, measured: float, *, rtol: float, unit: str = "s",
-                     model: float | None = None, model_rtol: float = 0.1) -> None:
+                     model: float | None = None, model_rtol: float = 0.1, noise: float | None = None) -> None:
     """A prediction from a model of the system (reads × latency, bytes ÷ bandwidth, ...) against the
     learner's own measurement: PASS when it is within `rtol` (relative) of `measured`.
     `unit` is printed after both numbers ("s", "ms", "blocks"; "×" for a predicted ratio).
@@ -146,7 +146,10 @@ def check_prediction(name: str, predicted: object, measured: float, *, rtol: flo
     `model`: what the lab's model of the system gives from the learner's own earlier measurements (the
     inputs the prediction was to be made from). When given, the prediction must also be within `model_rtol`
     of it: where the measured outcome is close to a round guess ("no gain", 1.0), a guess would otherwise
-    pass, and the check could not tell a model from a guess."""
+    pass, and the check could not tell a model from a guess.
+
+    `noise`: the measurement's own run-to-run spread (same unit). A prediction cannot be graded more finely
+    than the timing it is compared with, so the tolerance is `rtol` or twice the noise, whichever is larger."""
     if not _number(predicted):
         check(name, False, f"the prediction must be a number ({unit}), got {predicted!r}")
         return
@@ -165,8 +168,24 @@ def check_prediction(name: str, predicted: object, measured: float, *, rtol: flo
             return
         detail = (f"predicted {predicted:.4g}{sep}{unit} (the model {model:.4g}{sep}{unit}, tolerance {model_rtol:.0%}), "
                   f"measured {measured:.4g}{sep}{unit}")
-    error = abs(predicted - measured) / abs(measured)
-    check(name, error <= rtol, f"{detail} (tolerance {rtol:.0%})")
+    allowed = rtol * abs(measured)
+    tolerance = f"tolerance {rtol:.0%}"
+    if noise is not None and _number(noise):
+        allowed = max(allowed, 2 * abs(noise))
+        tolerance += f", or twice the measurement's spread ({noise:.4g}{sep}{unit}) if larger"
+    check(name, abs(predicted - measured) <= allowed, f"{detail} ({tolerance})")
+
+
+def check_bound(name: str, bound: object, model: float, *, rtol: float = 0.02) -> None:
+    """A bound the learner derived (Amdahl's law over the shares they measured) against what the lab's model
+    derives from the same measurements. Nothing is measured yet: this grades the derivation, and the lever's
+    measured gain is checked against the bound later (`check_under_bound`)."""
+    if not _number(bound) or bound < 1.0:
+        check(name, False, f"the bound must be a speed-up of at least 1 (old time / new time), got {bound!r}")
+        return
+    check(name, abs(bound - model) <= rtol * abs(model),
+          f"your bound {bound:.3f}×, Amdahl's law over your measured shares {model:.3f}× (tolerance {rtol:.0%}); "
+          f"the lever is measured against it below")
 
 
 def check_under_bound(name: str, gain: float, bound: object, *, slack: float = 0.05) -> None:

@@ -274,6 +274,14 @@ def test_amdahl_bounds_a_lever_by_the_share_it_touches():
     (lambda: grading.check_prediction("prediction", 0.20, 0.45, rtol=0.25), False, "tolerance 25%"),
     (lambda: grading.check_prediction("prediction", "fast", 0.45, rtol=0.25), False, "must be a number"),
     (lambda: grading.check_prediction("prediction", 1.3, 1.25, rtol=0.1, unit="×"), True, "predicted 1.3×"),
+    # a noisy measurement widens the tolerance to twice its spread, a quiet one leaves rtol
+    (lambda: grading.check_prediction("prediction", 0.60, 0.45, rtol=0.15, noise=0.08), True, "spread (0.08 s)"),
+    (lambda: grading.check_prediction("prediction", 0.60, 0.45, rtol=0.15, noise=0.05), False, "spread (0.05 s)"),
+    (lambda: grading.check_prediction("prediction", 0.50, 0.45, rtol=0.15, noise=0.001), True, "tolerance 15%"),
+    # a derived bound is graded as a derivation, not as a measurement
+    (lambda: grading.check_bound("wrong-lever-bound", 1.218, 1.22), True, "your bound 1.218×, Amdahl's law over"),
+    (lambda: grading.check_bound("wrong-lever-bound", 1.5, 1.22), False, "your bound 1.500×"),
+    (lambda: grading.check_bound("wrong-lever-bound", "big", 1.22), False, "the bound must be"),
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.30, 1.34), True, "against a bound of 1.34×"),
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.50, 1.34), False, "measured 1.50×"),
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.10, None), False, "the bound must be"),
