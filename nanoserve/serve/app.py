@@ -103,20 +103,39 @@ class Server:
                                 f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
                                 f"{params.max_tokens} for the completion).", "max_tokens")
 
-    async def run(self, ids: list[int], params, kind: str, request: Request | None = None):
-        """Submit one request and return (request id, its first output, the async iterator of the rest).
-        QueueFull → 429; a client that leaves before the first output → ClientGone, the request aborted."""
-        request_id = protocol.new_id(kind)
-        stream = self.front.generate(request_id, ids, params)
-        try:   # raises QueueFull, or the engine's error for a bad request
-            first = await unless_gone(request, stream.__anext__())
-        except QueueFull as e:
-            raise APIError(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        except EngineStopping as e:               # still queued when the server's shutdown deadline came
-            raise APIError(503, str(e)) from None
-        except (ValueError, TypeError) as e:
-            raise APIError(400, str(e)) from None
-        return request_id, first, stream
+    async def start(self, prompts: list[list[int]], params, kind: str, request: Request | None = None) -> list:
+        """Submit one engine request per choice, each prompt sampled params.n times (choice index = prompt index x n
+        + sample), all at once so they share each step; return [(request id, first output, iterator of the rest)].
+        If one is refused, the others are aborted: QueueFull → 429, shutting down → 503, a bad request → 400;
+        a client that leaves before the first outputs → ClientGone."""
+        samples = [params.child(j) for j in range(params.n)] if params.n > 1 else [params]
+        choices = [(prompt, sample) for prompt in prompts for sample in samples]
+        ids = [protocol.new_id(kind) for _ in choices]
+        streams = [self.front.generate(i, prompt, sample) for i, (prompt, sample) in zip(ids, choices)]
+        firsts = None
+        try:
+            firsts = await unless_gone(request, asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True))
+        except ClientGone:
+            raise ClientGone(len(streams)) from None
+        finally:
+            refused = [f for f in firsts or [] if isinstance(f, BaseException)]
+            if firsts is None or refused:
+                for stream in streams:                  # a no-op for a refused one; aborts the others
+                    await stream.aclose()
+        if refused:
+            raise engine_refusal(refused[0])
+        return list(zip(ids, firsts, streams))
+
+
+def engine_refusal(e: BaseException) -> BaseException:
+    """The HTTP answer to a request the engine would not take (or the error itself, if it is none of these)."""
+    if isinstance(e, QueueFull):
+        return APIError(429, str(e), headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, EngineStopping):             # still queued when the server's shutdown deadline came
+        return APIError(503, str(e))
+    if isinstance(e, (ValueError, TypeError)):
+        return APIError(400, str(e))
+    return e
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -217,9 +236,7 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         prompts = [server.tokenize(p, name) for p, name in zip(batch, names)]
         for ids, name in zip(prompts, names):
             server.check_length(ids, req.params, name)
-        if req.num_choices > 1:
-            return await respond_many(server, prompts, req, "cmpl", request)
-        return await respond(server, prompts[0], req, "cmpl", protocol.completion_chunk, "text_completion", request)
+        return await respond(server, prompts, req, "cmpl", protocol.completion_chunk, "text_completion", request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -233,78 +250,113 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
                                                                  default_max_tokens=max(1, max_model_len - len(ids)))
         server.check_length(ids, params, "messages")
         req = protocol.check_choices(protocol.ParsedRequest(text, params, stream, include_usage, model))
-        if req.num_choices > 1:
-            return await respond_many(server, [ids], req, "chatcmpl", request)
-        return await respond(server, ids, req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk", request)
+        return await respond(server, [ids], req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk", request)
 
     return app
 
 
-async def respond(server: Server, ids: list[int], req, kind: str, make_chunk, chunk_object: str,
+async def respond(server: Server, prompts: list[list[int]], req, kind: str, make_chunk, chunk_object: str,
                   request: Request | None = None):
-    request_id, first, outputs = await server.run(ids, req.params, kind, request)
-    created, chat = protocol.now(), kind == "chatcmpl"
-    echo = echoed(server, req.prompt, ids) if req.echo else ""
+    """Answer a completions or chat request: every choice (each prompt of a batch, each sampled n times) is an
+    engine request of its own, and they run together, sharing each prompt's KV blocks through the prefix cache.
+    Streamed, each chunk carries one choice's new text under its index, as OpenAI interleaves them; if one choice
+    fails or the client leaves, the others are aborted."""
+    runs = await server.start(prompts, req.params, kind, request)
+    request_id, created, chat, n = runs[0][0], protocol.now(), kind == "chatcmpl", req.params.n
+    batch = req.prompts or [req.prompt]
+    ids_of = [prompts[k // n] for k in range(len(runs))]         # choice k's prompt tokens
 
-    def logprobs(out, start: int, stop: int, offset: int, with_prompt: bool = False) -> dict | None:
-        return scored_tokens(server, req, ids, out, start, stop, offset, chat, with_prompt)
+    def usage(finals) -> dict:   # each prompt counted once; its cached tokens as its first sample found them
+        return protocol.usage(sum(map(len, prompts)), sum(len(o.outputs[0].token_ids) for o in finals),
+                              sum(o.num_cached_tokens for o in finals[::n]))
 
     if not req.stream:
         try:
-            last = await unless_gone(request, last_of(first, outputs))
-        except RuntimeError as e:                    # the engine failed this request alone, or is stopping
+            finals = await unless_gone(request, asyncio.gather(*(last_of(first, rest) for _, first, rest in runs)))
+        except ClientGone:
+            raise ClientGone(len(runs)) from None
+        except RuntimeError as e:                    # the engine failed one of them, or is stopping
             raise APIError(503 if isinstance(e, EngineStopping) else 500, str(e)) from None
-        server.metrics.record(last)
+        finally:
+            for _, _, rest in runs:                  # a no-op for those that finished; aborts the others
+                await rest.aclose()
+        for out in finals:
+            server.metrics.record(out)
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": req.model, "choices": [choice(server, req, ids, last, 0, chat)],
-                "usage": protocol.usage(len(ids), len(last.outputs[0].token_ids), last.num_cached_tokens)}
+                "model": req.model, "usage": usage(finals),
+                "choices": [choice(server, req, ids_of[k], out, k, chat, batch[k // n]) for k, out in enumerate(finals)]}
 
-    def chunk(text: str, reason: str | None, scored: dict | None = None) -> bytes:
-        payload = {"content": text} if chat else text
+    lasts = [first for _, first, _ in runs]          # each choice's latest output (for usage and the metrics)
+
+    def chunk(k: int, payload, reason: str | None, scored: dict | None = None) -> bytes:
         framed = make_chunk(request_id, req.model, created, payload, reason, req.include_usage)
-        framed["choices"][0]["logprobs"] = scored
+        framed["choices"][0].update(index=k, logprobs=scored)
         return protocol.sse(framed)
 
+    async def choice_events(k: int):
+        """Choice k's chunks: its opening (the chat role, or the echoed prompt), then its text as it comes."""
+        ids, out, rest = ids_of[k], runs[k][1], runs[k][2]
+        echo = echoed(server, batch[k // n], ids) if req.echo else ""
+        sent_tokens, sent_chars = 0, len(echo)       # what earlier chunks carried (logprobs, text offsets)
+        if chat:
+            yield chunk(k, {"role": "assistant", "content": ""}, None)
+        elif echo:
+            yield chunk(k, echo, None, scored_tokens(server, req, ids, out, 0, 0, 0, chat, with_prompt=True))
+        while True:
+            completion = out.outputs[0]
+            reason = _finish_reason(completion.finish_reason) if out.finished else None
+            if completion.text_delta or reason is not None:
+                count = len(completion.token_ids)
+                yield chunk(k, {"content": completion.text_delta} if chat else completion.text_delta, reason,
+                            scored_tokens(server, req, ids, out, sent_tokens, count, sent_chars, chat))
+                sent_tokens, sent_chars = count, sent_chars + len(completion.text_delta)
+            lasts[k] = out
+            if out.finished:
+                return
+            try:
+                out = await rest.__anext__()
+            except StopAsyncIteration:               # ended unfinished (aborted): nothing more to send
+                return
+
     async def events():
-        last = first
-        finished = False
-        sent_tokens, sent_chars = 0, len(echo)    # what earlier chunks carried (logprobs, text offsets)
         try:
-            if chat:   # OpenAI's chat stream opens with the role
-                yield protocol.sse(make_chunk(request_id, req.model, created, {"role": "assistant", "content": ""},
-                                              None, req.include_usage))
-            elif echo:   # the prompt first, with its logprobs
-                yield chunk(echo, None, logprobs(first, 0, 0, 0, with_prompt=True))
-            out = first
-            while True:
-                completion = out.outputs[0]
-                reason = _finish_reason(completion.finish_reason) if out.finished else None
-                if completion.text_delta or reason is not None:
-                    n = len(completion.token_ids)
-                    yield chunk(completion.text_delta, reason, logprobs(out, sent_tokens, n, sent_chars))
-                    sent_tokens, sent_chars = n, sent_chars + len(completion.text_delta)
-                last = out
-                if out.finished:
-                    finished = True
-                    break
-                try:
-                    out = await outputs.__anext__()
-                except StopAsyncIteration:
-                    break
+            async for event in merged([choice_events(k) for k in range(len(runs))]):
+                yield event
             if req.include_usage:
-                yield protocol.sse(protocol.usage_chunk(request_id, chunk_object, req.model, created,
-                                                        protocol.usage(len(ids), len(last.outputs[0].token_ids),
-                                                                       last.num_cached_tokens)))
-        except RuntimeError as e:                    # the engine failed this request, or is stopping: say so
+                yield protocol.sse(protocol.usage_chunk(request_id, chunk_object, req.model, created, usage(lasts)))
+        except RuntimeError as e:                    # the engine failed a choice, or is stopping: say so
             yield protocol.sse(APIError(503 if isinstance(e, EngineStopping) else 500, str(e)).body())
         finally:
-            if not finished:                         # a disconnect (cancelled) or an error: abort, free blocks
-                await outputs.aclose()
-            server.metrics.record(last)
+            for _, _, rest in runs:                  # a disconnect (cancelled) or an error: abort, free blocks
+                await rest.aclose()
+            for out in lasts:
+                server.metrics.record(out)
         yield protocol.sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def merged(streams: list):
+    """The items of several async generators as each comes; those ready together in list order. Leaving early
+    (cancelled, or an error in one) closes them all."""
+    pending = {k: asyncio.ensure_future(stream.__anext__()) for k, stream in enumerate(streams)}
+    try:
+        while pending:
+            await asyncio.wait(pending.values(), return_when=asyncio.FIRST_COMPLETED)
+            for k in [k for k, task in pending.items() if task.done()]:
+                try:
+                    item = pending.pop(k).result()
+                except StopAsyncIteration:
+                    continue
+                yield item
+                pending[k] = asyncio.ensure_future(streams[k].__anext__())
+    finally:
+        for task in pending.values():
+            task.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 def echoed(server: Server, prompt, ids: list[int]) -> str:
@@ -343,34 +395,3 @@ async def last_of(first, outputs):
     async for last in outputs:
         pass
     return last
-
-
-async def respond_many(server: Server, prompts: list[list[int]], req, kind: str, request: Request | None = None) -> dict:
-    """Several choices in one answer, not streamed: each prompt of a completions batch, each sampled n times
-    (choice index = prompt index x n + sample). Every sample is a request of its own; they run together and
-    share each prompt's KV blocks through the prefix cache. If one fails or the client leaves, the rest are
-    aborted."""
-    chat, n = kind == "chatcmpl", req.params.n
-    runs, submitted = [], 0
-    try:
-        for ids in prompts:
-            for j in range(n):
-                submitted += 1
-                runs.append(await server.run(ids, req.params.child(j), kind, request))
-        finals = await unless_gone(request, asyncio.gather(*(last_of(first, stream) for _, first, stream in runs)))
-    except ClientGone:
-        raise ClientGone(submitted) from None
-    except RuntimeError as e:                       # the engine failed one of them, or is stopping
-        raise APIError(503 if isinstance(e, EngineStopping) else 500, str(e)) from None
-    finally:
-        for _, _, stream in runs:                   # a no-op for those that finished; aborts the others
-            await stream.aclose()
-    batch = req.prompts or [req.prompt]
-    choices = []
-    for k, out in enumerate(finals):
-        server.metrics.record(out)
-        choices.append(choice(server, req, prompts[k // n], out, k, chat, batch[k // n]))
-    return {"id": runs[0][0], "object": "chat.completion" if chat else "text_completion", "created": protocol.now(),
-            "model": req.model, "choices": choices,
-            "usage": protocol.usage(sum(map(len, prompts)), sum(len(o.outputs[0].token_ids) for o in finals),
-                                    sum(o.num_cached_tokens for o in finals[::n]))}

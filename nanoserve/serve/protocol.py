@@ -198,13 +198,10 @@ def completion_request(body: dict, served: str) -> ParsedRequest:
 
 
 def check_choices(req: ParsedRequest) -> ParsedRequest:
-    """At most MAX_CHOICES choices (prompts x n), and one when streaming (several are not streamed yet)."""
-    field = "n" if req.params.n > 1 else "prompt"
+    """At most MAX_CHOICES choices (prompts x n) in one request."""
     if req.num_choices > MAX_CHOICES:
-        raise bad(field, f"{req.num_choices} choices (prompts x n) asked for; at most {MAX_CHOICES} in one request")
-    if req.stream and req.num_choices > 1:
-        raise bad(field, "several choices (n > 1 or a batch of prompts) cannot be streamed by this server yet: "
-                         "send stream=false, or one request per choice")
+        raise bad("n" if req.params.n > 1 else "prompt",
+                  f"{req.num_choices} choices (prompts x n) asked for; at most {MAX_CHOICES} in one request")
     return req
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 
 import httpx
 import openai
@@ -212,6 +213,46 @@ def test_n_samples_and_prompt_batches_equal_the_offline_engine(server):
     wait_idle(server)
 
 
+def test_several_choices_stream_interleaved_and_equal_the_answer_not_streamed(server):
+    """n samples of a batch of prompts, streamed: each chunk carries one choice under its index, the choices'
+    chunks interleave (they decode in the same steps), and each choice's text, logprobs and finish reason equal
+    the non-streamed answer's; one usage chunk sums them. Chat streams each choice's role first."""
+    c = client(server)
+    kw = dict(model="course", prompt=PROMPTS[:2], n=2, temperature=1.0, seed=5, max_tokens=MAX_TOKENS, logprobs=2)
+    whole = c.completions.create(**kw)
+    texts, tokens, reasons, order = defaultdict(str), defaultdict(list), {}, []
+    stream = c.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+            continue
+        (ch,) = chunk.choices
+        order.append(ch.index)
+        texts[ch.index] += ch.text
+        tokens[ch.index] += ch.logprobs.tokens if ch.logprobs else []
+        reasons[ch.index] = ch.finish_reason or reasons.get(ch.index)
+    assert sorted(texts) == [0, 1, 2, 3]
+    assert [texts[k] for k in range(4)] == [ch.text for ch in whole.choices]
+    assert [tokens[k] for k in range(4)] == [ch.logprobs.tokens for ch in whole.choices]
+    assert [reasons[k] for k in range(4)] == [ch.finish_reason for ch in whole.choices]
+    assert order.index(3) < len(order) - order[::-1].index(0) - 1, "choice 3 began before choice 0 ended"
+    assert (usage.prompt_tokens, usage.completion_tokens) == (whole.usage.prompt_tokens, whole.usage.completion_tokens)
+
+    chat = c.chat.completions.create(model="course", messages=[{"role": "user", "content": PROMPTS[0]}], n=3,
+                                     temperature=1.0, seed=3, max_tokens=MAX_TOKENS, stream=True)
+    roles, content = {}, defaultdict(str)
+    for chunk in chat:
+        (ch,) = chunk.choices
+        roles.setdefault(ch.index, ch.delta.role)
+        content[ch.index] += ch.delta.content or ""
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    whole_chat = c.chat.completions.create(model="course", messages=[{"role": "user", "content": PROMPTS[0]}], n=3,
+                                           temperature=1.0, seed=3, max_tokens=MAX_TOKENS)
+    assert [content[k] for k in range(3)] == [ch.message.content for ch in whole_chat.choices]
+    wait_idle(server)
+
+
 def test_a_chat_without_max_tokens_may_use_the_rest_of_the_context(small):
     r = httpx.post(f"{small}/v1/chat/completions", headers={"Authorization": "Bearer sesame"}, timeout=TIMEOUT,
                    json={"messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0, "ignore_eos": True})
@@ -262,8 +303,6 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "stop": [1]}, 400, "stop"),
     ({"prompt": "def f", "n": 0}, 400, "n"),
     ({"prompt": "def f", "n": 10**30}, 400, "n"),
-    ({"prompt": "def f", "n": 2, "stream": True}, 400, "n"),               # several choices are not streamed yet
-    ({"prompt": ["def f", "def g"], "stream": True}, 400, "prompt"),
     ({"prompt": "def f", "logprobs": 21}, 400, "logprobs"),            # OpenAI's and vLLM's limit is 20
     ({"prompt": "def f", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "def f", "echo": "yes"}, 400, "echo"),
@@ -310,7 +349,6 @@ def test_bad_requests_get_4xx_with_openai_error_json_and_the_server_keeps_servin
                         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
                          "top_logprobs"),
                         ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),
-                        ({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}, "n"),
                         ({"messages": [{"role": "user", "content": "hi"}], "n": 129}, "n")]:
         r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=TIMEOUT)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -381,6 +419,15 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     text = httpx.get(f"{server}/metrics", timeout=TIMEOUT).text
     assert 'vllm:request_success_total{finished_reason="abort",model_name="course"}' in text
     assert metric(server, "vllm:request_success_total") == aborted + 1
+    # a stream of three choices: leaving aborts all three
+    with httpx.stream("POST", f"{server}/v1/completions", json=body | {"n": 3, "temperature": 1.0},
+                      timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+        assert metric(server, "vllm:num_requests_running") == 3
+    wait_idle(server)
+    assert metric(server, "vllm:request_success_total") == aborted + 4
 
 
 def test_a_non_streaming_client_that_times_out_has_its_request_aborted(server):
