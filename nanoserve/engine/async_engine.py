@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 
 from nanoserve.outputs import RequestOutput
 from nanoserve.validation import check_int
 
+CLOCK_SPAN = "nanoserve.clock"   # a span at the start of a profile whose perf_counter time is recorded
 _IDLE_WAIT_S = 0.05   # how long the idle loop blocks on the command queue before checking for shutdown
 
 
@@ -50,6 +52,7 @@ class AsyncLLMEngine:
         self.snapshot = self._take_snapshot()   # the engine's state, published by the loop thread (read anywhere)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._profile = None           # (profiler, clock anchor, start, thread CPU at start) while profiling
         self._thread = threading.Thread(target=self._loop, name="nanoserve-engine", daemon=True)
         self._thread.start()
 
@@ -116,6 +119,24 @@ class AsyncLLMEngine:
         (a server at its shutdown deadline answers them all instead of leaving them cut off)."""
         self._commands.put(("stop_all", reason))
 
+    async def start_profile(self) -> None:
+        """Start torch.profiler on the loop thread, where the engine's work runs (a profiler records the thread
+        that starts it): every step, forward and operator from now until `stop_profile`."""
+        await self._call("profile_start")
+
+    async def stop_profile(self, path: str) -> dict:
+        """Stop the profile and write its Chrome trace to `path`. Returns the trace's path, the perf_counter
+        window it covers, the loop thread's CPU seconds in it, and the clock anchor: the perf_counter time of
+        the trace's CLOCK_SPAN, which puts the trace on the same clock as spans timed elsewhere."""
+        return await self._call("profile_stop", path)
+
+    async def _call(self, *command):
+        """Run one of the loop thread's own methods there, between steps, and await its result."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._commands.put(("call", command, loop, done))
+        return await done
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the loop thread: requests still running are aborted."""
         self._stop.set()
@@ -164,6 +185,8 @@ class AsyncLLMEngine:
         for request_id in list(self._sinks):
             self.engine.abort(request_id)
             self._send(request_id, RuntimeError("the engine shut down"))
+        if self._profile is not None:   # never stopped: the profiler leaves with the thread
+            self._profile[0].__exit__(None, None, None)
         self._publish()
 
     def _drain_commands(self, block: bool) -> tuple[int, int]:
@@ -183,6 +206,14 @@ class AsyncLLMEngine:
                 return taken[0], taken[1]
 
     def _apply(self, command) -> None:
+        if command[0] == "call":
+            _, (name, *args), loop, done = command
+            try:
+                outcome, result = "set_result", getattr(self, f"_{name}")(*args)
+            except Exception as e:   # a profile already running, a path that cannot be written: the caller's error
+                outcome, result = "set_exception", e
+            loop.call_soon_threadsafe(lambda: done.done() or getattr(done, outcome)(result))
+            return
         if command[0] == "stop_all":
             for request_id in list(self._sinks):
                 self.engine.abort(request_id)
@@ -203,6 +234,28 @@ class AsyncLLMEngine:
             loop.call_soon_threadsafe(sink.put_nowait, e)
             return
         self._sinks[request_id] = (loop, sink)
+
+    def _profile_start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+        if self._profile is not None:
+            raise RuntimeError("a profile is already running: stop it first")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        prof = profile(activities=activities, record_shapes=True)
+        prof.__enter__()
+        with record_function(CLOCK_SPAN):
+            anchor = time.perf_counter()
+        self._profile = (prof, anchor, time.perf_counter(), time.thread_time())
+
+    def _profile_stop(self, path: str) -> dict:
+        if self._profile is None:
+            raise RuntimeError("no profile is running: start one first")
+        (prof, anchor, start, cpu), self._profile = self._profile, None
+        end, cpu = time.perf_counter(), time.thread_time() - cpu
+        prof.__exit__(None, None, None)
+        prof.export_chrome_trace(path)
+        return dict(engine_trace=str(path), clock_anchor_s=anchor, window_s=[start, end], engine_thread_cpu_s=cpu,
+                    engine_thread=threading.get_native_id())
 
     def _send(self, request_id: str, item) -> None:
         target = self._sinks.get(request_id)

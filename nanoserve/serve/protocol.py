@@ -29,7 +29,7 @@ class APIError(Exception):
                  headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers or {}
-        self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+        self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError",
                               429: "RateLimitError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
 
     def body(self) -> dict:

@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
                     help="prompt tokens waiting before new requests get 429 (default: no bound)")
     ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                     help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    ap.add_argument("--profile-dir", default=None,
+                    help="enable POST /start_profile and /stop_profile (vLLM's routes), which write a torch.profiler "
+                         "trace of the engine and the HTTP requests' spans here (nanoserve/serve/profiling.py)")
     ap.add_argument("--uvicorn-log-level", default="warning")
     return ap
 
@@ -55,6 +58,9 @@ def build(args):
     front = AsyncLLMEngine(llm.engine, args.max_queued_requests, args.max_queued_prompt_tokens)
     app = build_app(front, llm.tokenizer, ChatTemplate.for_model(path), name, llm.engine.config.max_model_len,
                     args.api_key)
+    if args.profile_dir is not None:
+        from nanoserve.serve.profiling import add_profiling
+        add_profiling(app, front, args.profile_dir)
     return llm, front, app
 
 
