@@ -182,11 +182,12 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, rec: 
 async def run_load(base_url: str, model: str, prompts: list[str], *, max_tokens: int | list[int],
                    request_rate: float = float("inf"), burstiness: float = 1.0, max_concurrency: int | None = None,
                    seed: int = 0, slo: dict | None = None, api_key: str | None = None,
-                   timeout_s: float = 120.0) -> dict:
+                   timeout_s: float = 120.0, send_at: list[float] | None = None) -> dict:
     """Sends every prompt once, on the arrival schedule, and returns `summarize`'s dict (with "requests").
 
     max_tokens: one for all, or one per prompt. slo: e.g. {"ttft": 500, "tpot": 50} in ms, for goodput.
     timeout_s bounds each request from the moment it is sent (connecting, every read, and the whole stream).
+    send_at: each request's send time in seconds from the start (a trace's arrivals), instead of drawing them.
     """
     sizes = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     if len(sizes) != len(prompts):
@@ -194,7 +195,9 @@ async def run_load(base_url: str, model: str, prompts: list[str], *, max_tokens:
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency = {max_concurrency!r}: expected >= 1 or None (no cap)")
     check_slo(slo)
-    due = send_times(len(prompts), request_rate, burstiness, seed)
+    if send_at is not None and len(send_at) != len(prompts):
+        raise ValueError(f"send_at has {len(send_at)} times for {len(prompts)} prompts: expected one per prompt")
+    due = send_times(len(prompts), request_rate, burstiness, seed) if send_at is None else np.asarray(send_at)
     records = [RequestRecord(p, n) for p, n in zip(prompts, sizes)]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
