@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -447,7 +448,7 @@ def test_streams_whose_clients_leave_while_queued_are_never_admitted(small):
     a first token. They are aborted where they wait: the prefix cache never looks them up (admission does)."""
     import threading
     key = {"Authorization": "Bearer sesame"}
-    long = {"prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True}
+    long = {"prompt": PROMPTS[0], "max_tokens": 240, "ignore_eos": True}   # about all the 256-token context allows
     threads = [threading.Thread(target=httpx.post, args=(f"{small}/v1/completions",),
                                 kwargs=dict(json=long, headers=key, timeout=TIMEOUT)) for _ in range(2)]
     finished = metric(small, "vllm:request_success_total", before_first=0.0)
@@ -459,10 +460,15 @@ def test_streams_whose_clients_leave_while_queued_are_never_admitted(small):
         while metric(small, "vllm:num_requests_running") < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         looked_up = metric(small, "vllm:prefix_cache_queries_total")
-        for prompt in PROMPTS[3:5]:
-            with pytest.raises(httpx.ReadTimeout):   # no first token while the batch is full: the client leaves
-                httpx.post(f"{small}/v1/completions", headers=key, timeout=httpx.Timeout(60.0, read=0.5),
+
+        def leave_before_a_token(prompt):      # no first token while the batch is full: the client leaves
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{small}/v1/completions", headers=key, timeout=httpx.Timeout(60.0, read=0.25),
                            json={"prompt": prompt, "max_tokens": 4, "stream": True})
+        # both at once, so the long requests need to hold the batch for one short read timeout only (their 240
+        # tokens took between 0.5 and 1 s on a fast 2-core CPU, where two timeouts one after the other outlasted them)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(leave_before_a_token, PROMPTS[3:5]))
         assert metric(small, "vllm:num_requests_running") == 2, "the long requests must still hold the batch"
     finally:
         for t in threads:
