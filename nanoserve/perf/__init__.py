@@ -14,7 +14,7 @@ from nanoserve.perf.dispatch import count_ops, dispatch_cost
 from nanoserve.perf.hardware import (HARDWARE, INTERCONNECTS, Hardware, Interconnect, KernelCeiling, kernel_ceiling,
                                      measure_ceilings)
 from nanoserve.perf.memory import (ChildPeak, PeakMemory, child_peak_rss, device_peak_bytes, keep_freed_memory,
-                                   peak_memory, peak_rss_bytes)
+                                   peak_memory, peak_rss_bytes, process_peak_rss_bytes)
 from nanoserve.perf.profile import OpStat, Profile, profile, region
 from nanoserve.perf.roofline import Roofline, plot_roofline, roofline
 from nanoserve.perf.timing import Timing, format_seconds, timeit
@@ -26,5 +26,6 @@ __all__ = ["device", "sync",
            "DecodeTimer", "interleaved_decode", "count_ops", "dispatch_cost",
            "HARDWARE", "INTERCONNECTS", "Hardware", "Interconnect", "KernelCeiling", "kernel_ceiling", "measure_ceilings",
            "ChildPeak", "PeakMemory", "child_peak_rss", "device_peak_bytes", "keep_freed_memory", "peak_memory",
-           "peak_rss_bytes", "OpStat", "Profile", "profile", "region", "Roofline", "plot_roofline", "roofline",
+           "peak_rss_bytes", "process_peak_rss_bytes", "OpStat", "Profile", "profile", "region", "Roofline",
+           "plot_roofline", "roofline",
            "Timing", "format_seconds", "timeit", "Event"]

@@ -40,6 +40,17 @@ def peak_rss_bytes() -> int:
     return _maxrss_to_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
+def process_peak_rss_bytes(pid: int) -> int | None:
+    """Another process's peak resident set size so far (Linux's VmHWM), in bytes; None where /proc has none."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 @dataclass(frozen=True)
 class ChildPeak:
     """What the operating system saw of one child process's memory, in bytes."""

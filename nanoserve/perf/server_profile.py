@@ -102,6 +102,27 @@ class ServerProfile:
         return sum(op_flops_and_bytes(s.name, flat(s.args.get("Input Dims", [])), s.args.get("Input type", []))[0]
                    for s in self._ops)
 
+    def step_shapes(self) -> list[dict]:
+        """Per forward: the tokens it carried (prompt chunks and decodes), the sequences it sampled for, and its
+        seconds, read from its operators' recorded shapes: the embedding's input is [1, tokens], and the head is
+        the linear whose weight has the embedding's rows (the vocabulary)."""
+        out, ops, k = [], self._ops, 0
+        for f in self.forwards:
+            while k < len(ops) and ops[k].start_s < f.start_s:
+                k += 1
+            inside = []
+            while k < len(ops) and ops[k].start_s < f.end_s:
+                inside.append(ops[k])
+                k += 1
+            embedding = next((o for o in inside if o.name == "aten::embedding"), None)
+            if embedding is None:           # a compiled forward records no eager embedding: shapes unknown
+                continue
+            vocab, tokens = embedding.args["Input Dims"][0][0], embedding.args["Input Dims"][1][-1]
+            heads = [o.args["Input Dims"][0][0] for o in inside if o.name == "aten::linear"
+                     and len(o.args["Input Dims"]) > 1 and o.args["Input Dims"][1][:1] == [vocab]]
+            out.append(dict(tokens=tokens, seqs=heads[-1] if heads else 0, forward_s=f.dur_s))
+        return out
+
     def export_perfetto(self, path: str | Path) -> str:
         """One Chrome/Perfetto trace: the HTTP requests (one lane per request in flight at once) above the
         engine's loop thread (steps, forwards, operators), on the server's clock from the window's start."""

@@ -38,7 +38,7 @@ import random
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -392,19 +392,47 @@ def start_server(cmd: list[str], port: int, timeout_s: float = 120.0, host: str 
         with start_server([sys.executable, "-m", "nanoserve.serve.naive", "--port", str(port)], port) as url:
             load(url, "course", prompts, max_tokens=32)
     """
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    with start_servers([(cmd, port)], timeout_s, host, env) as (url,):
+        yield url
+
+
+class ServerURL(str):
+    """A running server's base URL, which also knows its process id (`.pid`: for its memory, say)."""
+    pid: int
+
+
+@contextmanager
+def start_servers(servers: list[tuple], timeout_s: float = 120.0, host: str = "127.0.0.1", env=None):
+    """Several `start_server`s at once, each (cmd, port) or (cmd, port, its own env): every process starts before
+    any is waited for, so they load their models side by side; yields their base URLs in order. Each is stopped
+    on leaving, whatever happened."""
+    with ExitStack() as stack:
+        started, procs = [], []
+        stack.callback(stop_processes, procs)          # runs last; the children keep their own log descriptors
+        for cmd, port, *own_env in servers:
+            log = stack.enter_context(tempfile.TemporaryFile())
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=own_env[0] if own_env else env)
+            procs.append(proc)
+            url = ServerURL(f"http://{host}:{port}")
+            url.pid = proc.pid
+            started.append((url, proc, log))
+        deadline = time.monotonic() + timeout_s
+        for url, proc, log in started:
+            wait_healthy(url, proc, log, max(1.0, deadline - time.monotonic()))
+        yield [url for url, _, _ in started]
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to all (they drain side by side), then SIGKILL to any still running 10 s later."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + 10
+    for proc in procs:
         try:
-            base_url = f"http://{host}:{port}"
-            wait_healthy(base_url, proc, log, timeout_s)
-            yield base_url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def served_model(base_url: str, api_key: str | None = None) -> str:

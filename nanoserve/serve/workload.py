@@ -27,7 +27,7 @@ class TraceSpec:
     """How the shipped trace is drawn: every number a reader needs to reproduce it."""
     num_requests: int = 240
     shared_fraction: float = 0.8         # requests that open with the system prompt
-    system_tokens: int = 192
+    system_tokens: int = 512
     user_tokens: tuple[int, int] = (16, 64)      # uniform, inclusive
     output_tokens: tuple[int, int] = (16, 48)    # uniform, inclusive (ignore_eos: each request makes exactly this many)
     seed: int = 0

@@ -17,7 +17,7 @@ from nanoserve.serve.load import run_load, start_server
 
 pytestmark = pytest.mark.slow
 SERVE = [sys.executable, "-m", "nanoserve", "serve", "--host", "127.0.0.1", "--max-num-seqs", "8",
-         "--max-model-len", "512"]
+         "--max-model-len", "1024"]
 
 
 @pytest.fixture(scope="module")

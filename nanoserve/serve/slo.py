@@ -1,0 +1,80 @@
+"""Goodput at an SLO (chapter 11): the highest request rate at which a service still meets its objective.
+
+Rates sit on a ladder, RUNG times apart (1, 1.25, 1.56, ... req/s), so "the highest rate that meets the SLO" is
+a rung: the **knee**. A run meets the SLO when every request completed and its TTFT and TPOT at the PERCENTILE-th
+percentile are within the bounds. That percentile is 90: a run short enough for a notebook (a few dozen requests)
+has no p99 to speak of (it is its worst request, and one hiccup of a shared machine decides it); a benchmark with
+thousands of requests per rate can hold a p99. The model's knee (`predicted_knee`, from `simulate`) and the measured one (`measure_knee`, from the
+load client against a running server) are found the same way, so they can be compared rung for rung.
+"""
+from __future__ import annotations
+
+import math
+
+from nanoserve.serve import simulate
+from nanoserve.serve.load import run_load
+
+RUNG = 1.25
+PERCENTILE = 90
+RUN_SECONDS = 2.0     # a run offers about this many seconds of arrivals, so a high rate is a load, not a burst
+LEAST_REQUESTS = 20
+
+
+def rate(k: int) -> float:
+    """The ladder's k-th rate, in requests per second."""
+    return RUNG ** k
+
+
+def rung_of(r: float) -> int:
+    """The highest rung at or below rate r."""
+    return math.floor(math.log(r) / math.log(RUNG) + 1e-9)
+
+
+def run_of(trace, k: int):
+    """The requests a run at rung k replays: the trace's first ones, RUN_SECONDS of arrivals at that rate (at least
+    LEAST_REQUESTS, at most the whole trace)."""
+    return trace.head(min(len(trace), max(LEAST_REQUESTS, round(rate(k) * RUN_SECONDS))))
+
+
+def meets(summary: dict, slo: dict) -> bool:
+    """Whether a run (the load client's summary, or simulate.summary's) met the SLO: nothing failed, and TTFT and
+    TPOT at the PERCENTILE-th percentile within their bounds (ms)."""
+    p = PERCENTILE
+    return (not summary.get("failed")) and summary[f"p{p}_ttft_ms"] <= slo["ttft"] and summary[f"p{p}_tpot_ms"] <= slo["tpot"]
+
+
+def predicted_knee(prompt_ids, trace, cost: simulate.StepCost, config: simulate.Config, slo: dict,
+                   lowest: int = 0, highest: int = 40) -> int:
+    """The model's knee: climbing the ladder from `lowest`, the last rung before the first one the simulated run
+    misses (`lowest - 1` if even that one misses). prompt_ids: every trace request's token ids."""
+    k = lowest
+    while k <= highest:
+        run_trace = run_of(trace, k)
+        run = simulate.simulate(prompt_ids[:len(run_trace)], run_trace.max_tokens, run_trace.send_times(rate(k)),
+                                cost, config)
+        if not meets(simulate.summary(run), slo):
+            break
+        k += 1
+    return k - 1
+
+
+async def measure_knee(url: str, trace, slo: dict, start: int, max_runs: int = 5, model: str = "course") -> dict:
+    """The measured knee, searched from rung `start` (the model's knee): up while runs meet the SLO, down while
+    they miss, until the answer is bracketed or `max_runs` runs are spent. Returns {"knee": rung or None (not
+    bracketed), "runs": {rung: the run's summary with "meets"}}."""
+    runs: dict[int, dict] = {}
+    k = start
+    for _ in range(max_runs):
+        run_trace = run_of(trace, k)
+        s = await run_load(url, model, run_trace.prompts, max_tokens=run_trace.max_tokens,
+                           send_at=run_trace.send_times(rate(k)), slo=slo)
+        s["meets"] = meets(s, slo)
+        runs[k] = s
+        if s["meets"] and (k + 1) in runs:
+            break
+        if not s["meets"] and (k - 1) in runs:
+            break
+        k = k + 1 if s["meets"] else k - 1
+    met = [j for j, s in runs.items() if s["meets"]]
+    knee = max(met) if met and max(met) + 1 in runs else None    # the highest met rung, and the one above missed
+    return {"knee": knee, "runs": runs}
