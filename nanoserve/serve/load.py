@@ -342,13 +342,16 @@ def corpus_prompts(n: int, input_len: int, seed: int = 0, model: str | None = No
 
 
 def file_prompts(path: str | Path, n: int | None = None) -> tuple[list[str], list[int | None]]:
-    """Prompts from a JSON-lines file, one {"prompt": str, "max_tokens": int (optional)} per line."""
+    """Prompts from a JSON-lines file, one {"prompt": str, "max_tokens": int (optional)} per line (a trace file's
+    {"spec": ...} header line is skipped)."""
     prompts, sizes = [], []
     for i, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if isinstance(row, dict) and set(row) == {"spec"}:   # a trace file's header (nanoserve.serve.workload)
+                continue
             prompts.append(row["prompt"] if isinstance(row, dict) else row)
         except (ValueError, KeyError) as e:
             raise ValueError(f"{path}:{i}: expected a JSON object with a \"prompt\" ({type(e).__name__}: {e})")

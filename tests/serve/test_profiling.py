@@ -13,7 +13,7 @@ import pytest
 from nanoserve.perf import server_profile
 from nanoserve.ports import free_port
 from nanoserve.serve import workload
-from nanoserve.serve.load import run_load, start_server
+from nanoserve.serve.load import file_prompts, run_load, start_server
 
 pytestmark = pytest.mark.slow
 SERVE = [sys.executable, "-m", "nanoserve", "serve", "--host", "127.0.0.1", "--max-num-seqs", "8",
@@ -88,6 +88,8 @@ def test_the_shipped_trace_is_what_its_command_makes(tmp_path):
     gaps = [b.arrival_s - a.arrival_s for a, b in zip(shipped.requests, shipped.requests[1:])]
     assert min(gaps) >= 0 and abs(sum(gaps) / len(gaps) - 1.0) < 0.2      # Poisson at one request per second
     assert shipped.send_times(4.0)[-1] == pytest.approx(shipped.requests[-1].arrival_s / 4.0)
+    prompts, sizes = file_prompts(workload.SHIPPED)          # bench-serve --prompts-file reads it too
+    assert prompts == shipped.prompts and sizes == shipped.max_tokens
 
 
 def test_a_bad_trace_file_names_itself(tmp_path):
