@@ -10,19 +10,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from nanoserve.engine.block_manager import BlockManager
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler
+from nanoserve.engine.tracing import STEP_SPAN, traced
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
 from nanoserve.outputs import CompletionOutput, RequestOutput
 from nanoserve.sampling import SamplingParams
 from nanoserve.tokenizer import Tokenizer
 from nanoserve.validation import check_int, is_int
-
-STEP_SPAN = "engine.step"   # the profiler's name for one engine step (nanoserve.perf.server_profile)
 
 
 @dataclass(frozen=True)
@@ -124,13 +121,10 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.release(self.scheduler.running)
 
+    @traced(STEP_SPAN)
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule a batch, run it, record tokens. Returns a RequestOutput for every
         request that advanced (a new token, or finished), `finished` True for those that are done."""
-        with torch.profiler.record_function(STEP_SPAN):   # a server's profile attributes its time to the engine
-            return self._step()
-
-    def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
             return []

@@ -17,9 +17,8 @@ from nanoserve import kernels
 from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
+from nanoserve.engine.tracing import FORWARD_SPAN, traced
 from nanoserve.sampling import adjust_logits, sample, token_logprobs
-
-FORWARD_SPAN = "model.forward"   # the profiler's name for one forward of a step (nanoserve.perf.server_profile)
 
 
 @dataclass
@@ -68,15 +67,12 @@ class ModelRunner:
         self.inputs = StepInputs(block_size, self.device)
         self.generator = torch.Generator(self.device).manual_seed(seed)  # for requests without their own seed
 
+    @traced(FORWARD_SPAN)
     @torch.inference_mode()
     def forward(self, plan: StepPlan, num_logits: list[int] | None = None) -> torch.Tensor | None:
         """Forward the step's new tokens; the fp32 logits of the rows that sample, then of plan.prompt_rows, or
         None if there are none. num_logits (chapter 10): for each sampling row, logits at its last m tokens
         instead of its last one (the target scoring k drafts), concatenated in row order."""
-        with torch.profiler.record_function(FORWARD_SPAN):   # a server's profile attributes its time to the model
-            return self._forward(plan, num_logits)
-
-    def _forward(self, plan: StepPlan, num_logits: list[int] | None) -> torch.Tensor | None:
         if (num_logits is None and self.compiled is not None and self.compiled.accepts(plan)
                 and len(plan.sample_rows) == len(plan.token_ids) and not plan.prompt_rows):
             return self.compiled.forward(plan)     # a decode step: its bucket's graph (every row samples)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanoserve.engine.async_engine import CLOCK_SPAN
-from nanoserve.engine.llm_engine import STEP_SPAN
-from nanoserve.engine.model_runner import FORWARD_SPAN
+from nanoserve.engine.tracing import FORWARD_SPAN, STEP_SPAN
 from nanoserve.perf.trace import KERNEL_PREFIX, op_flops_and_bytes
 
 LAYERS = ("API", "engine", "model", "kernels", "idle")

@@ -18,6 +18,9 @@ RUNG = 1.25
 PERCENTILE = 90
 RUN_SECONDS = 2.0     # a run offers about this many seconds of arrivals, so a high rate is a load, not a burst
 LEAST_REQUESTS = 20
+# How far apart two knees can be with nothing between them: identical servers, measured side by side with runs of
+# RUN_SECONDS on a 2-core CPU, differed by up to two rungs. A lever that moves a knee by no more is within the noise.
+NOISE_RUNGS = 2
 
 
 def rate(k: int) -> float:
@@ -62,19 +65,33 @@ async def measure_knee(url: str, trace, slo: dict, start: int, max_runs: int = 5
     """The measured knee, searched from rung `start` (the model's knee): up while runs meet the SLO, down while
     they miss, until the answer is bracketed or `max_runs` runs are spent. Returns {"knee": rung or None (not
     bracketed), "runs": {rung: the run's summary with "meets"}}."""
-    runs: dict[int, dict] = {}
-    k = start
+    return (await measure_knees({"one": url}, trace, slo, {"one": start}, max_runs, model))["one"]
+
+
+async def measure_knees(urls: dict[str, str], trace, slo: dict, starts: dict[str, int], max_runs: int = 5,
+                        model: str = "course") -> dict[str, dict]:
+    """`measure_knee` for several servers at once, their runs taken in turns (one run of each, then the next of
+    each), so configurations that are compared met the same moments of a shared machine: a few seconds of a busy
+    neighbour slow them all, not one. Returns {name: {"knee", "runs"}}."""
+    runs: dict[str, dict[int, dict]] = {name: {} for name in urls}
+    nxt = dict(starts)                       # each server's next rung; None once its knee is bracketed
     for _ in range(max_runs):
-        run_trace = run_of(trace, k)
-        s = await run_load(url, model, run_trace.prompts, max_tokens=run_trace.max_tokens,
-                           send_at=run_trace.send_times(rate(k)), slo=slo)
-        s["meets"] = meets(s, slo)
-        runs[k] = s
-        if s["meets"] and (k + 1) in runs:
+        for name, url in urls.items():
+            k = nxt[name]
+            if k is None:
+                continue
+            run_trace = run_of(trace, k)
+            s = await run_load(url, model, run_trace.prompts, max_tokens=run_trace.max_tokens,
+                               send_at=run_trace.send_times(rate(k)), slo=slo)
+            s["meets"] = meets(s, slo)
+            runs[name][k] = s
+            done = (k + 1) in runs[name] if s["meets"] else (k - 1) in runs[name]
+            nxt[name] = None if done else (k + 1 if s["meets"] else k - 1)
+        if all(k is None for k in nxt.values()):
             break
-        if not s["meets"] and (k - 1) in runs:
-            break
-        k = k + 1 if s["meets"] else k - 1
-    met = [j for j, s in runs.items() if s["meets"]]
-    knee = max(met) if met and max(met) + 1 in runs else None    # the highest met rung, and the one above missed
-    return {"knee": knee, "runs": runs}
+    out = {}
+    for name, by_rung in runs.items():
+        met = [j for j, s in by_rung.items() if s["meets"]]
+        knee = max(met) if met and max(met) + 1 in by_rung else None   # the highest met rung, the one above missed
+        out[name] = {"knee": knee, "runs": by_rung}
+    return out
