@@ -37,7 +37,8 @@ LEFT_OUT = ["solutions/*", "tools/make_labs.py", "tools/make_student.py", "INSTR
 READS_SOLUTIONS = re.compile(r"""["'/]solutions["'/]|\bfixtures\b""")
 MARKER = re.compile(r"^\s*(#+|<!--)\s*BEGIN SOLUTION\b", re.MULTILINE)
 # Folders a walk without git skips (the same as .gitignore's)
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", "build", "dist", "traces"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", "build", "dist"}
+SKIP_TOP = {"traces"}   # the profiler's output at the top (benchmarks/traces/ holds the capstone's trace: kept)
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -49,7 +50,8 @@ def tracked_files(root: Path) -> list[str]:
         files = []
         for path in root.rglob("*"):
             rel = path.relative_to(root)
-            if path.is_file() and not SKIP_DIRS.intersection(rel.parts) and path.suffix != ".pyc":
+            if (path.is_file() and not SKIP_DIRS.intersection(rel.parts) and rel.parts[0] not in SKIP_TOP
+                    and path.suffix != ".pyc"):
                 files.append(rel.as_posix())
         return sorted(files)
 
