@@ -14,7 +14,7 @@ VENV=.venv
 STAMP="$VENV/.nanoserve-installed"
 TORCH_VERSION="${NANOSERVE_TORCH_VERSION:-2.13.0}"
 
-if [[ -f "$STAMP" && "$STAMP" -nt requirements.txt && "$STAMP" -nt pyproject.toml ]]; then
+if [[ -f "$STAMP" && "$STAMP" -nt requirements.txt && "$STAMP" -nt requirements-clients.txt && "$STAMP" -nt pyproject.toml ]]; then
   exit 0
 fi
 
@@ -38,14 +38,18 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 
 # The rest goes through uv when it installs (it unpacks and byte-compiles in parallel: about a third of
-# pip's time on 2 cores); pip does it where uv cannot be had or cannot reach an index.
-echo "setup: installing requirements.txt"
+# pip's time on 2 cores); pip does it where uv cannot be had or cannot reach an index. The torch just chosen
+# is held by a constraint: the clients' dependencies would otherwise replace it with a newer (CUDA) build.
+echo "setup: installing requirements.txt and requirements-clients.txt"
+HOLD="$VENV/.torch-constraint.txt"
+"$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$HOLD"
+REQS=(-r requirements.txt -r requirements-clients.txt -c "$HOLD")
 UV=("$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python" --compile-bytecode)
-if "${PIP[@]}" install uv 2>/dev/null && "${UV[@]}" -r requirements.txt -e .; then
+if "${PIP[@]}" install uv 2>/dev/null && "${UV[@]}" "${REQS[@]}" -e .; then
   :
 else
   echo "setup: uv unavailable, installing with pip"
-  "${PIP[@]}" install -r requirements.txt
+  "${PIP[@]}" install "${REQS[@]}"
   "${PIP[@]}" install --no-deps -e .
 fi
 "$VENV/bin/python" -c "import torch, nanoserve; print('setup: torch', torch.__version__, '| cuda', torch.cuda.is_available())"

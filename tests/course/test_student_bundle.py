@@ -27,7 +27,7 @@ def test_the_bundle_has_the_course_and_no_solutions(bundle):
         assert sorted(n.removeprefix(f"{make_student.NAME}/") for n in zf.namelist()) == files
 
     # what a learner needs
-    for rel in ["README.md", "Makefile", "requirements.txt", "pyproject.toml", "tools/setup_env.sh", "conftest.py",
+    for rel in ["README.md", "Makefile", "requirements.txt", "requirements-clients.txt", "pyproject.toml", "tools/setup_env.sh", "conftest.py",
                 "nanoserve/course_models/base/model.safetensors", "tests/nbval_sanitize.cfg"]:
         assert rel in files, rel
     for folder_name in ("chapters", "labs"):
