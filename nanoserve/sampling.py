@@ -125,6 +125,48 @@ def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], prompts: l
     return out
 
 
+class LogitState:
+    """One sequence's logit adjustments as dense rows over the vocabulary, built at its first sampled token and
+    brought up to date with the tokens added since, so a step's work does not grow with the prompt or the
+    output (what `adjust_logits` redoes from the token lists for every row at every step)."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], stop_ids: set[int], vocab: int, device):
+        self.bias = torch.zeros(vocab, device=device)
+        if params.logit_bias:
+            ids = [t for t in params.logit_bias if t < vocab]
+            self.bias[ids] = torch.tensor([params.logit_bias[t] for t in ids], device=device)
+        self.banned = torch.zeros(vocab, dtype=torch.bool, device=device)   # stop tokens, before min_tokens
+        self.banned[[t for t in stop_ids if t < vocab]] = True
+        self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
+        if params.repetition_penalty != 1.0 and prompt:
+            self.in_prompt[torch.tensor(prompt, device=device)] = True
+        self.counts = torch.zeros(vocab, device=device)    # how often each token is in the output so far
+        self.counted = 0
+
+    def catch_up(self, output: list[int]) -> None:
+        if len(output) > self.counted:
+            new = torch.tensor(output[self.counted:], device=self.counts.device)
+            self.counts.index_put_((new,), torch.ones_like(new, dtype=self.counts.dtype), accumulate=True)
+            self.counted = len(output)
+
+
+def adjust_logits_batched(logits: torch.Tensor, params: list[SamplingParams], states: list[LogitState],
+                          num_outputs: list[int]) -> torch.Tensor:
+    """`adjust_logits` for the whole batch at once, from each row's LogitState (up to date): the same
+    arithmetic in the same order, on [B, V] tensors, so the result is equal to the per-row one."""
+    dev = logits.device
+    column = lambda values: torch.tensor(values, device=dev, dtype=logits.dtype)[:, None]
+    bias, counts = torch.stack([s.bias for s in states]), torch.stack([s.counts for s in states])
+    out = logits + bias
+    early = torch.tensor([n < p.min_tokens for n, p in zip(num_outputs, params)], device=dev)[:, None]
+    out = out.masked_fill(early & torch.stack([s.banned for s in states]), float("-inf"))
+    rep = column([p.repetition_penalty for p in params])
+    seen = (torch.stack([s.in_prompt for s in states]) | (counts > 0)) & (rep != 1.0)
+    out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
+    return out - (column([p.frequency_penalty for p in params]) * counts
+                  + column([p.presence_penalty for p in params]) * (counts > 0).to(out.dtype))
+
+
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside each row's top-k and top-p set. logits [B, V]; top_k, top_p [B]."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)

@@ -10,6 +10,10 @@ output to its request's asyncio queue through the event loop (`call_soon_threads
 waits; tokenization of the prompt, scheduling, the forward and detokenization all run on the loop thread,
 between steps, which is where a server's "data pipeline" sits (chapter 09 measures it).
 
+With `stream_interval` N (vLLM's `--stream-interval`), a request's outputs are handed over when it finishes, with
+its first token, and then every N tokens, their text joined: a stream's per-token host work (handing the output
+to the event loop, framing a chunk, the client's parsing) is paid once per N tokens (lab 09 measures it).
+
 Leaving the `async for` early (a client that disconnected, a cancelled task) aborts the request: its KV
 blocks are freed at the next step boundary. A bounded waiting queue (requests, and prompt tokens) refuses new
 requests with `QueueFull` (a server answers 429) instead of letting latency grow without limit. A step that raises fails the requests
@@ -39,10 +43,14 @@ class QueueFull(RuntimeError):
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine, max_queued_requests: int | None = None, max_queued_prompt_tokens: int | None = None):
+    def __init__(self, engine, max_queued_requests: int | None = None, max_queued_prompt_tokens: int | None = None,
+                 stream_interval: int = 1):
         for name, bound in (("max_queued_requests", max_queued_requests),
                             ("max_queued_prompt_tokens", max_queued_prompt_tokens)):
             check_int(name, bound, minimum=0, none_ok=True)
+        check_int("stream_interval", stream_interval, minimum=1)
+        self.stream_interval = stream_interval
+        self._held: dict[str, tuple[int, str]] = {}   # loop thread only: tokens when last handed over, text since
         self.engine, self.max_queued_requests = engine, max_queued_requests
         self.max_queued_prompt_tokens = max_queued_prompt_tokens
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -179,9 +187,11 @@ class AsyncLLMEngine:
             finally:
                 self._publish()
             for out in outputs:
-                self._send(out.request_id, out)
+                if self._due(out):
+                    self._send(out.request_id, out)
                 if out.finished:
                     self._sinks.pop(out.request_id, None)
+                    self._held.pop(out.request_id, None)
         for request_id in list(self._sinks):
             self.engine.abort(request_id)
             self._send(request_id, RuntimeError("the engine shut down"))
@@ -224,6 +234,7 @@ class AsyncLLMEngine:
             request_id = command[1]
             self.engine.abort(request_id)
             self._sinks.pop(request_id, None)
+            self._held.pop(request_id, None)
             return
         _, request_id, prompt, params, loop, sink, _ = command
         try:
@@ -256,6 +267,20 @@ class AsyncLLMEngine:
         prof.export_chrome_trace(path)
         return dict(engine_trace=str(path), clock_anchor_s=anchor, window_s=[start, end], engine_thread_cpu_s=cpu,
                     engine_thread=threading.get_native_id())
+
+    def _due(self, out: RequestOutput) -> bool:
+        """Whether `out` is handed over now (stream_interval); a held output's text joins the next one's delta."""
+        if self.stream_interval == 1:
+            return True
+        completion = out.outputs[0]
+        sent, held = self._held.get(out.request_id, (0, ""))
+        tokens = len(completion.token_ids)
+        if out.finished or sent == 0 or tokens - sent >= self.stream_interval:
+            completion.text_delta = held + completion.text_delta
+            self._held[out.request_id] = (tokens, "")
+            return True
+        self._held[out.request_id] = (sent, held + completion.text_delta)
+        return False
 
     def _send(self, request_id: str, item) -> None:
         target = self._sinks.get(request_id)

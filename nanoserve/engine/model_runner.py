@@ -17,8 +17,8 @@ from nanoserve import kernels
 from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
-from nanoserve.engine.tracing import FORWARD_SPAN, traced
-from nanoserve.sampling import adjust_logits, sample, token_logprobs
+from nanoserve.engine.tracing import FORWARD_SPAN, SAMPLE_SPAN, traced
+from nanoserve.sampling import LogitState, adjust_logits_batched, sample, token_logprobs
 
 
 @dataclass
@@ -99,17 +99,31 @@ class ModelRunner:
         if plan.prompt_rows:
             record_prompt_logprobs(batch, plan, prompt_logits)
         sampled = [batch[i][0] for i in plan.sample_rows]
-        drawn_from = logits
-        if any(s.params.adjusts_logits for s in sampled):   # biases, penalties: on a copy (logprobs read the raw)
-            drawn_from = adjust_logits(logits, [s.params for s in sampled], [s.token_ids[:s.num_prompt_tokens] for s in sampled],
-                                       [s.output_token_ids for s in sampled], [s.min_tokens_stop_ids for s in sampled])
-        tokens = sample(drawn_from, [s.params for s in sampled], [s.generator for s in sampled], self.generator).tolist()
+        with torch.profiler.record_function(SAMPLE_SPAN):
+            tokens = sample(self.adjusted(logits, sampled), [s.params for s in sampled], [s.generator for s in sampled],
+                            self.generator).tolist()
         wanted = [r for r, s in enumerate(sampled) if s.logprobs is not None]
         if wanted:   # the scheduler appends each sampled token this step: its log-probabilities go beside it
             scored = token_logprobs(logits[wanted], [tokens[r] for r in wanted], [sampled[r].params.logprobs for r in wanted])
             for r, entry in zip(wanted, scored):
                 sampled[r].logprobs.append(entry)
         return {s.seq_id: [t] for s, t in zip(sampled, tokens)}
+
+
+    def adjusted(self, logits: torch.Tensor, sampled: list[Sequence]) -> torch.Tensor:
+        """The logits to draw from: biases, min_tokens and penalties applied on a copy (logprobs read the raw).
+        Each sequence keeps its adjustments as dense rows (sampling.LogitState), brought up to date with its new
+        tokens, and the batch's are applied in one set of tensor operations: rebuilding each row from its token
+        lists (`sampling.adjust_logits`, the reference) costs host work that grows with the prompt, every step."""
+        if not any(s.params.adjusts_logits for s in sampled):
+            return logits
+        params, outputs = [s.params for s in sampled], [s.output_token_ids for s in sampled]
+        for s, out in zip(sampled, outputs):
+            if s.logit_state is None:
+                s.logit_state = LogitState(s.params, s.token_ids[:s.num_prompt_tokens], s.min_tokens_stop_ids,
+                                           logits.shape[-1], logits.device)
+            s.logit_state.catch_up(out)
+        return adjust_logits_batched(logits, params, [s.logit_state for s in sampled], [len(o) for o in outputs])
 
 
 def record_prompt_logprobs(batch: list[tuple[Sequence, int]], plan: StepPlan, logits: torch.Tensor) -> None:

@@ -40,6 +40,7 @@ class Sequence:
         self.error: str | None = None             # why a request failed, when it did
         self.num_preemptions = 0
         self.generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+        self.logit_state = None   # sampling.LogitState: its biases and penalties as dense rows, once it samples
         self.min_tokens_stop_ids: set[int] = set()   # stop tokens banned until min_tokens are out (the engine's)
         self.logprobs = None if params.logprobs is None else []   # one per generated token
         # one per prompt token, the first None: nothing predicts it

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanoserve import COURSE_MODEL, LLM, SamplingParams
-from nanoserve.sampling import adjust_logits
+from nanoserve.sampling import LogitState, adjust_logits, adjust_logits_batched
 from nanoserve.validation import FieldError
 
 PROMPT = "def fibonacci(n):\n    "
@@ -24,6 +24,31 @@ def test_adjust_logits_applies_each_rule_in_vllms_order():
     assert logits[0, 4] == 3.0                                 # the raw logits are kept (logprobs read them)
 
 
+def test_the_batched_adjustment_equals_the_per_row_reference_step_after_step():
+    """The engine's path (each sequence's rows kept and brought up to date) against the reference that rebuilds
+    each row from its token lists: equal to the bit, over steps, on a batch mixing every rule and none."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, rows = 300, 7
+    rand = lambda hi, n: torch.randint(0, hi, (n,), generator=gen).tolist()
+    params = [SamplingParams(max_tokens=50, repetition_penalty=r, frequency_penalty=f, presence_penalty=pr,
+                             min_tokens=m, logit_bias=b)
+              for r, f, pr, m, b in [(1.0, 0.0, 0.0, 0, None), (1.3, 0.0, 0.0, 0, None), (0.8, 0.5, -0.2, 3, None),
+                                     (1.0, 0.4, 0.4, 0, {3: 2.5, 299: -100, 7: 0.5}), (1.1, 0.1, 0.0, 6, {0: 1.0}),
+                                     (1.0, 0.0, 0.0, 4, None), (2.0, 1.0, 1.0, 0, {5: -1.0})]]
+    prompts = [rand(vocab, n) for n in (1, 5, 40, 12, 3, 8, 20)]
+    stops = [{0, 1}] * rows
+    states = [LogitState(p, ids, s, vocab, "cpu") for p, ids, s in zip(params, prompts, stops)]
+    outputs = [[] for _ in range(rows)]
+    for step in range(8):
+        logits = torch.randn(rows, vocab, generator=gen) * 4
+        for out, state in zip(outputs, states):
+            state.catch_up(out)
+        expected = adjust_logits(logits, params, prompts, outputs, stops)
+        assert torch.equal(adjust_logits_batched(logits, params, states, [len(o) for o in outputs]), expected), step
+        for out in outputs:
+            out.extend(rand(vocab, 1 + step % 2))      # one token a step, or two (a speculative step's accepted)
+
+
 @pytest.fixture(scope="module")
 def llm():
     return LLM(COURSE_MODEL, device="cpu")
@@ -31,6 +56,17 @@ def llm():
 
 def greedy(llm, prompt=PROMPT, **kw):
     return llm.generate(prompt, SamplingParams(temperature=0.0, **{"max_tokens": 24, **kw}), use_tqdm=False)[0].outputs[0]
+
+
+def test_penalties_in_a_mixed_batch_give_each_request_its_tokens_alone(llm):
+    """Each row's adjustments are its own: a request's greedy tokens are the same run alone and in a batch whose
+    neighbours ask for other penalties, biases, or none."""
+    asks = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.8, presence_penalty=0.4), {},
+            dict(logit_bias={11: 4.0}, min_tokens=10), dict(repetition_penalty=0.9, frequency_penalty=0.2)]
+    prompts = [PROMPT, "import os\n", "class A:\n    def", "# the sum of\n", "for i in range("]
+    together = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=20, **kw) for kw in asks], use_tqdm=False)
+    for prompt, kw, out in zip(prompts, asks, together):
+        assert out.outputs[0].token_ids == greedy(llm, prompt, max_tokens=20, **kw).token_ids, kw
 
 
 def test_logit_bias_forces_and_forbids_tokens(llm):
