@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
                     help="requests waiting beyond the running batch before new ones get 429 (default: no bound)")
     ap.add_argument("--max-queued-prompt-tokens", type=int, default=None,
                     help="prompt tokens waiting before new requests get 429 (default: no bound)")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="tokens per streamed chunk after the first (vLLM's flag): fewer chunks, less host work per "
+                         "token, burstier streams")
     ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                     help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
     ap.add_argument("--profile-dir", default=None,
@@ -55,7 +58,7 @@ def build(args):
     llm = LLM(**EngineArgs.from_cli_args(args).kwargs())
     path = COURSE_MODEL if args.model is None else args.model
     name = args.served_model_name or ("course" if args.model is None else Path(args.model).name)
-    front = AsyncLLMEngine(llm.engine, args.max_queued_requests, args.max_queued_prompt_tokens)
+    front = AsyncLLMEngine(llm.engine, args.max_queued_requests, args.max_queued_prompt_tokens, args.stream_interval)
     app = build_app(front, llm.tokenizer, ChatTemplate.for_model(path), name, llm.engine.config.max_model_len,
                     args.api_key)
     if args.profile_dir is not None:

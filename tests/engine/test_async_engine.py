@@ -52,6 +52,26 @@ def test_concurrent_requests_match_the_offline_engine(llm, offline, front):
     assert llm.engine.metrics()["kv_blocks_free"] == llm.engine.metrics()["kv_blocks_total"]
 
 
+def test_a_stream_interval_hands_over_every_nth_token_and_loses_no_text(llm, offline):
+    """stream_interval=5: the first token at once, then every fifth, and the last; the deltas still add up to the
+    text, and the tokens are the offline engine's."""
+    front = AsyncLLMEngine(llm.engine, stream_interval=5)
+    try:
+        async def main():
+            return await asyncio.gather(*(collect(front, f"s{i}", p) for i, p in enumerate(PROMPTS)))
+        streams = run(main())
+    finally:
+        front.shutdown()
+    assert [s[-1].outputs[0].token_ids for s in streams] == offline
+    for s in streams:
+        counts = [len(o.outputs[0].token_ids) for o in s]
+        assert counts[0] == 1 and counts[-1] == GREEDY.max_tokens, counts
+        assert all(b - a == 5 for a, b in zip(counts[:-2], counts[1:-1])) and 0 < counts[-1] - counts[-2] <= 5, counts
+        assert "".join(o.outputs[0].text_delta for o in s) == s[-1].outputs[0].text
+    with pytest.raises(ValueError, match="stream_interval"):
+        AsyncLLMEngine(llm.engine, stream_interval=0)
+
+
 def test_a_late_request_joins_the_running_batch(llm, front):
     async def main():
         started = asyncio.Event()
