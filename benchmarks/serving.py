@@ -24,6 +24,13 @@ the absolute numbers.
     python benchmarks/serving.py                          # rates 1 .. 16 req/s, 15 s of arrivals each
     python benchmarks/serving.py --rates 1 2 4 8 --duration 30 --slo-ttft-ms 500
     python benchmarks/serving.py --quick                  # three rates, a few seconds each: under a minute
+
+--clients runs third-party load clients instead of the sweep: our server alone, loaded in turn by our own client,
+guidellm and aiperf (`nanoserve.serve.clients`) with the same load (--requests at --concurrency in flight,
+--input-len prompt tokens, exactly --output-len out), and records their TTFT, ITL and throughput side by side with
+each tool's ratio to ours and PASS / FAIL against the band `clients.BAND` (printed, never asserted):
+
+    python benchmarks/serving.py --clients                # 96 requests, 4 in flight, 128 in, 32 out: about a minute
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ DEFAULTS = dict(rates=[1, 1.5, 2, 3, 4, 6, 8, 12, 16], duration=15.0, min_prompt
                 stop_after=2)
 QUICK = dict(rates=[1, 4, 12], duration=4.0, min_prompts=6, input_len=128, output_len=32, stop_after=1)
 WARMUP_PROMPTS = 4
+CLIENTS = dict(requests=96, concurrency=4, input_len=128, output_len=32)
 
 
 def server_commands(model: str | None, max_num_seqs: int) -> dict[str, callable]:
@@ -91,6 +99,44 @@ def sustained(rows: list[dict]) -> float:
     return max((r["request_rate"] for r in rows if r["meets_slo"]), default=0.0)
 
 
+def run_clients(args) -> dict:
+    """--clients: ours, guidellm and aiperf under one load against our server; the record of their rows."""
+    from importlib.metadata import version
+
+    from nanoserve import COURSE_MODEL, __version__
+    from nanoserve.serve import clients
+    tokenizer_dir = Path(args.model or COURSE_MODEL)
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        raise SystemExit(f"--clients needs a model directory with its tokenizer (the tools cut prompts with it): "
+                         f"{tokenizer_dir} has no tokenizer.json")
+    load_ = clients.Load(args.requests, args.concurrency, args.input_len, args.output_len)
+    command = server_commands(args.model, args.max_num_seqs)["ours"]
+    print(f"model {model_name(args.model) if args.model else 'COURSE_MODEL'}; each client: {load_.requests} requests, "
+          f"{load_.concurrency} in flight, {load_.input_tokens} prompt tokens, {load_.output_tokens} output tokens")
+    t0, port = time.perf_counter(), free_port()
+    with start_server(command(port), port, timeout_s=180) as url:
+        result = clients.compare(url, load_, model=SERVED_NAME, tokenizer_dir=tokenizer_dir, timeout_s=args.timeout,
+                                 warmup_requests=WARMUP_PROMPTS)
+    wall = time.perf_counter() - t0
+    print(clients.format_rows(result))
+    verdict = {tool: "PASS" if ok else "FAIL" for tool, ok in result["agree"].items()}
+    band = ", ".join(f"{k} {lo:g}x-{hi:g}x" for k, (lo, hi) in result["band"].items())
+    print(f"band ({band}), no failure, every output {load_.output_tokens} tokens: "
+          + ", ".join(f"{tool} {v}" for tool, v in verdict.items()) + f"\nwall time {wall:.0f} s")
+    shown = model_name(args.model) if args.model else "COURSE_MODEL"   # a record names no path of this machine
+    commands = {tool: c.replace(f":{port}", ":PORT").replace(str(tokenizer_dir.resolve()), shown)
+                for tool, c in result["commands"].items()}
+    record = dict(benchmark="serving_clients", date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  nanoserve=__version__, machine=machine_info(), model=shown,
+                  tools={tool: version(tool) for tool in clients.TOOLS},
+                  server=" ".join(command(0)[1:]).replace("--port 0", "--port PORT"), commands=commands,
+                  load=result["load"], warmup_requests=WARMUP_PROMPTS, rows=result["rows"],
+                  ratios=result["ratios"], band=result["band"], verdict=verdict, wall_s=round(wall, 1))
+    # not "serving-...": chapter 09 shows the newest "serving-*.json" as the sweep's record
+    save_record(record, args.save, "serving_clients")
+    return record
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="Hugging Face-format directory (default: the course model)")
@@ -107,7 +153,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a test-size sweep (under a minute)")
     ap.add_argument("--save", type=Path, default=Path("benchmarks/results"), help="directory for the JSON record")
+    ap.add_argument("--clients", action="store_true", help="guidellm and aiperf beside our client (no sweep)")
+    ap.add_argument("--requests", type=int, default=None, help="--clients: requests per client")
+    ap.add_argument("--concurrency", type=int, default=None, help="--clients: requests in flight")
     args = ap.parse_args(argv)
+    if args.clients:
+        fill_defaults(args, CLIENTS)
+        return run_clients(args)
     fill_defaults(args, QUICK if args.quick else DEFAULTS)
     rates = sorted(args.rates)
     if not all(0 < r < math.inf for r in rates):

@@ -249,7 +249,8 @@ def build_app(front, tokenizer, chat_template, served_model_name: str, max_model
         params, stream, include_usage = protocol.sampling_params(body, "max_completion_tokens", chat=True,
                                                                  default_max_tokens=max(1, max_model_len - len(ids)))
         server.check_length(ids, params, "messages")
-        req = protocol.check_choices(protocol.ParsedRequest(text, params, stream, include_usage, model))
+        req = protocol.check_choices(protocol.ParsedRequest(text, params, stream, include_usage, model,
+                                                            continuous_usage=protocol.continuous_usage(body)))
         return await respond(server, [ids], req, "chatcmpl", protocol.chat_chunk, "chat.completion.chunk", request)
 
     return app
@@ -288,9 +289,11 @@ async def respond(server: Server, prompts: list[list[int]], req, kind: str, make
 
     lasts = [first for _, first, _ in runs]          # each choice's latest output (for usage and the metrics)
 
-    def chunk(k: int, payload, reason: str | None, scored: dict | None = None) -> bytes:
+    def chunk(k: int, payload, reason: str | None, scored: dict | None = None, tokens: int = 0) -> bytes:
         framed = make_chunk(request_id, req.model, created, payload, reason, req.include_usage)
         framed["choices"][0].update(index=k, logprobs=scored)
+        if req.continuous_usage:                     # choice k's usage so far (its `tokens` generated)
+            framed["usage"] = protocol.usage(len(ids_of[k]), tokens, runs[k][1].num_cached_tokens)
         return protocol.sse(framed)
 
     async def choice_events(k: int):
@@ -308,7 +311,7 @@ async def respond(server: Server, prompts: list[list[int]], req, kind: str, make
             if completion.text_delta or reason is not None:
                 count = len(completion.token_ids)
                 yield chunk(k, {"content": completion.text_delta} if chat else completion.text_delta, reason,
-                            scored_tokens(server, req, ids, out, sent_tokens, count, sent_chars, chat))
+                            scored_tokens(server, req, ids, out, sent_tokens, count, sent_chars, chat), count)
                 sent_tokens, sent_chars = count, sent_chars + len(completion.text_delta)
             lasts[k] = out
             if out.finished:

@@ -8,7 +8,8 @@ is a 400 that says so, rather than a response that silently ignored what was ask
 finite (JSON's 1e999 parses as infinity).
 
 Responses follow OpenAI's framing: `text_completion` / `chat.completion` objects, and for a stream
-`text_completion` / `chat.completion.chunk` chunks sent as server-sent events (`sse`).
+`text_completion` / `chat.completion.chunk` chunks sent as server-sent events (`sse`). With vLLM's
+`stream_options.continuous_usage_stats` (guidellm always sends it), every chunk carries its choice's usage so far.
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class ParsedRequest:
     model: str
     echo: bool = False               # completions: the prompt comes back before the completion
     prompts: list | None = None      # completions: a batch of prompts, one choice each (times n)
+    continuous_usage: bool = False   # stream_options.continuous_usage_stats: usage on every chunk
 
     @property
     def num_choices(self) -> int:
@@ -143,8 +145,9 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise bad("stream_options.include_usage", f"expected true or false, got {json.dumps(include_usage)[:40]}")
-        if options.get("continuous_usage_stats", False) is not False:
-            raise bad("stream_options.continuous_usage_stats", "is not supported by this server (only false)")
+        continuous = options.get("continuous_usage_stats", False)
+        if not isinstance(continuous, bool):
+            raise bad("stream_options.continuous_usage_stats", f"expected true or false, got {json.dumps(continuous)[:40]}")
     max_tokens = body.get(max_tokens_field)
     if max_tokens is None and max_tokens_field != "max_tokens":
         max_tokens = body.get("max_tokens")   # chat: max_completion_tokens, or the older max_tokens
@@ -179,6 +182,13 @@ def sampling_params(body: dict, max_tokens_field: str = "max_tokens", chat: bool
     return params, stream, include_usage
 
 
+def continuous_usage(body: dict) -> bool:
+    """Whether every chunk carries its choice's usage so far: vLLM's stream_options.continuous_usage_stats, which
+    (as in vLLM) takes effect with include_usage. Call after sampling_params has checked the options."""
+    options = body.get("stream_options") or {}
+    return options.get("include_usage") is True and options.get("continuous_usage_stats") is True
+
+
 def completion_request(body: dict, served: str) -> ParsedRequest:
     model = check_model(body, served)
     prompt = body.get("prompt")
@@ -194,7 +204,7 @@ def completion_request(body: dict, served: str) -> ParsedRequest:
             raise bad(name, f"expected a string or a list of token ids, got {json.dumps(p)[:40]}")
     params, stream, include_usage = sampling_params(body)
     return check_choices(ParsedRequest(batch[0], params, stream, include_usage, model, _field(body, "echo", False),
-                                       batch if len(batch) > 1 else None))
+                                       batch if len(batch) > 1 else None, continuous_usage(body)))
 
 
 def check_choices(req: ParsedRequest) -> ParsedRequest:

@@ -327,7 +327,7 @@ BAD_REQUESTS = [   # (body or raw bytes, status, the field the error names)
     ({"prompt": "def f", "logit_bias": {"99999999": 1}}, 400, None),      # not in the vocabulary: the engine says so
     ({"prompt": "def f", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ({"prompt": "def f", "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ({"prompt": "def f", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+    ({"prompt": "def f", "stream": True, "stream_options": {"continuous_usage_stats": "yes"}}, 400,
      "stream_options.continuous_usage_stats"),
 ]
 
