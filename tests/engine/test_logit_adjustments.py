@@ -37,16 +37,19 @@ def test_the_batched_adjustment_equals_the_per_row_reference_step_after_step():
                                      (1.0, 0.0, 0.0, 4, None), (2.0, 1.0, 1.0, 0, {5: -1.0})]]
     prompts = [rand(vocab, n) for n in (1, 5, 40, 12, 3, 8, 20)]
     stops = [{0, 1}] * rows
-    states = [LogitState(p, ids, s, vocab, "cpu") for p, ids, s in zip(params, prompts, stops)]
-    outputs = [[] for _ in range(rows)]
-    for step in range(8):
-        logits = torch.randn(rows, vocab, generator=gen) * 4
-        for out, state in zip(outputs, states):
-            state.catch_up(out)
-        expected = adjust_logits(logits, params, prompts, outputs, stops)
-        assert torch.equal(adjust_logits_batched(logits, params, states, [len(o) for o in outputs]), expected), step
-        for out in outputs:
-            out.extend(rand(vocab, 1 + step % 2))      # one token a step, or two (a speculative step's accepted)
+    for batch in ([0, 1, 2, 3, 4, 5, 6], [0, 1], [0, 3], [5, 0], [2]):   # every rule, or only some (the rest skipped)
+        states = [LogitState(params[i], prompts[i], stops[i], vocab, "cpu") for i in batch]
+        outputs = [[] for _ in batch]
+        for step in range(8):
+            logits = torch.randn(len(batch), vocab, generator=gen) * 4
+            for out, state in zip(outputs, states):
+                state.catch_up(out)
+            expected = adjust_logits(logits, [params[i] for i in batch], [prompts[i] for i in batch], outputs,
+                                     [stops[i] for i in batch])
+            got = adjust_logits_batched(logits, [params[i] for i in batch], states, [len(o) for o in outputs])
+            assert torch.equal(got, expected) and got is not logits, (batch, step)
+            for out in outputs:
+                out.extend(rand(vocab, 1 + step % 2))      # one token a step, or two (a speculative step's accepted)
 
 
 @pytest.fixture(scope="module")
