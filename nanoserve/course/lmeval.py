@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -87,26 +85,10 @@ def run_lm_eval_each(base_urls: list[str], model: str = "course", tokenizer: str
 
 
 def run_process(cmd: list[str], log_path: Path, timeout_s: float, against: str) -> float:
-    """Runs `cmd` in its own session (a timeout kills it and anything it started); its seconds, or an error naming
-    lm-eval with the tail of its log."""
-    t0 = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=os.environ | LM_EVAL_ENV)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise TimeoutError(f"lm-eval ran past {timeout_s:.0f} s against {against}; "
-                               f"its log ends:\n{tail(log_path)}") from None
-    if rc != 0:
-        raise RuntimeError(f"lm-eval exited with status {rc} against {against}; its log ends:\n{tail(log_path)}")
-    return time.perf_counter() - t0
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    """Runs `cmd` as the other clients run (`serve.clients.run_bounded`: a timeout kills it and anything it
+    started); its seconds, or an error naming lm-eval and the servers with the tail of its log."""
+    from nanoserve.serve.clients import run_bounded
+    return run_bounded(f"lm-eval against {against}", cmd, log_path, timeout_s, env=os.environ | LM_EVAL_ENV)
 
 
 def compact_metrics(results: dict) -> dict[str, dict[str, float]]:

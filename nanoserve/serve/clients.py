@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,6 +73,10 @@ class ClientError(RuntimeError):
     """A third-party client failed (missing, timed out, exited non-zero, or wrote no results)."""
 
 
+class ClientTimeout(ClientError, TimeoutError):
+    """A third-party client ran past its time and was killed, with everything it started."""
+
+
 def executable(tool: str) -> Path:
     """The tool's CLI in this interpreter's venv."""
     path = Path(sys.executable).parent / tool
@@ -95,13 +100,14 @@ def offline_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def run_tool(tool: str, args: list[str], workdir: Path, env: dict, timeout_s: float) -> None:
-    """Run `tool args` in `workdir` (its log in `workdir/<tool>.log`) in a process group of its own; wait at most
-    timeout_s. The whole group is killed at the end, so no worker outlives it."""
-    log_path = workdir / f"{tool}.log"
+def run_bounded(name: str, cmd: list[str], log_path: Path, timeout_s: float, env: dict | None = None,
+                cwd: Path | None = None) -> float:
+    """Run `cmd` (a client called `name` in errors) in a process group of its own, its output in `log_path`; wait
+    at most timeout_s. The whole group is killed at the end, so no worker outlives it. Returns its seconds; raises
+    ClientTimeout or ClientError with the tail of its log."""
+    start = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(executable(tool)), *args], stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -109,10 +115,11 @@ def run_tool(tool: str, args: list[str], workdir: Path, env: dict, timeout_s: fl
         finally:
             kill_group(proc)
     if code is None:
-        raise ClientError(f"{tool} did not finish within {timeout_s:g} s and was killed; its log ends:\n"
-                          f"{tail(log_path)}")
+        raise ClientTimeout(f"{name} did not finish within {timeout_s:g} s and was killed; its log ends:\n"
+                            f"{tail(log_path)}")
     if code != 0:
-        raise ClientError(f"{tool} exited with code {code}; its log ends:\n{tail(log_path)}")
+        raise ClientError(f"{name} exited with code {code}; its log ends:\n{tail(log_path)}")
+    return time.perf_counter() - start
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -235,7 +242,7 @@ def run_client(tool: str, base_url: str, model: str, load: Load, tokenizer_dir: 
                                out, timeout_s)
         else:
             raise ValueError(f"tool {tool!r}: expected one of {', '.join(TOOLS)}")
-        run_tool(tool, args, out, env, timeout_s)
+        run_bounded(tool, [str(executable(tool)), *args], out / f"{tool}.log", timeout_s, env=env, cwd=out)
         try:
             row = guidellm_row(out / "guidellm.json") if tool == "guidellm" else aiperf_row(out / "aiperf")
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:

@@ -62,7 +62,8 @@ def test_ttft_itl_and_throughput_agree_with_ours_within_the_band(server, result,
 
 def test_a_tool_past_its_timeout_is_killed_and_named(tmp_path):
     with pytest.raises(ClientError, match=r"guidellm did not finish within 0.01 s"):
-        clients.run_tool("guidellm", ["--help"], tmp_path, clients.offline_env(tmp_path), timeout_s=0.01)
+        clients.run_bounded("guidellm", [str(clients.executable("guidellm")), "--help"], tmp_path / "guidellm.log",
+                            timeout_s=0.01, env=clients.offline_env(tmp_path), cwd=tmp_path)
 
 
 def test_a_missing_tool_says_how_to_install_it():
