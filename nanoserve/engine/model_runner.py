@@ -17,7 +17,7 @@ from nanoserve import kernels
 from nanoserve.attention import PagedAttention, PagedKVCache, StepInputs
 from nanoserve.engine.sequence import Sequence
 from nanoserve.models import CausalLM
-from nanoserve.engine.tracing import FORWARD_SPAN, SAMPLE_SPAN, traced
+from nanoserve.engine.tracing import FORWARD_SPAN, traced
 from nanoserve.sampling import LogitState, adjust_logits_batched, sample, token_logprobs
 
 
@@ -99,9 +99,8 @@ class ModelRunner:
         if plan.prompt_rows:
             record_prompt_logprobs(batch, plan, prompt_logits)
         sampled = [batch[i][0] for i in plan.sample_rows]
-        with torch.profiler.record_function(SAMPLE_SPAN):
-            tokens = sample(self.adjusted(logits, sampled), [s.params for s in sampled], [s.generator for s in sampled],
-                            self.generator).tolist()
+        tokens = sample(self.adjusted(logits, sampled), [s.params for s in sampled], [s.generator for s in sampled],
+                        self.generator).tolist()
         wanted = [r for r, s in enumerate(sampled) if s.logprobs is not None]
         if wanted:   # the scheduler appends each sampled token this step: its log-probabilities go beside it
             scored = token_logprobs(logits[wanted], [tokens[r] for r in wanted], [sampled[r].params.logprobs for r in wanted])

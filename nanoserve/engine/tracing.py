@@ -1,6 +1,5 @@
 """Names for a profiler's trace: the engine's step and the model's forward are spans a server's profile reads
-(`nanoserve.perf.server_profile` attributes wall time to the engine, the model and the kernels by them, and
-names the sampler's part of the engine's)."""
+(`nanoserve.perf.server_profile` attributes wall time to the engine, the model and the kernels by them)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +8,6 @@ import torch
 
 STEP_SPAN = "engine.step"
 FORWARD_SPAN = "model.forward"
-SAMPLE_SPAN = "engine.sample"   # inside the step, after the forward: logit adjustments and the draw
 
 
 def traced(name: str):

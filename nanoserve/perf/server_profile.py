@@ -3,7 +3,6 @@
     answer = httpx.post(f"{url}/stop_profile").json()      # after /start_profile and some load
     prof = server_profile.load(answer)
     prof.layers()        # seconds of the window per layer: API, engine, model, kernels, idle
-    prof.seconds_in(SAMPLE_SPAN)                           # the sampler's part of the engine's
     prof.export_perfetto("capstone.json")                  # one trace: HTTP requests, steps, forwards, operators
 
 The layers are the stack chapter 00 opened with, measured on the two threads a server runs:
@@ -93,10 +92,6 @@ class ServerProfile:
         kernels = sum(s.dur_s for s in self.kernels)
         return {"API": self.event_loop_cpu_s, "engine": steps - forwards, "model": forwards - kernels,
                 "kernels": kernels, "idle": max(0.0, self.wall_s - steps)}
-
-    def seconds_in(self, span: str) -> float:
-        """Wall seconds of the loop thread inside spans called `span` (e.g. the sampler's, tracing.SAMPLE_SPAN)."""
-        return sum(s.dur_s for s in self.spans if s.name == span)
 
     def kernel_flops(self) -> float:
         """FLOPs of the operators inside the forwards, from their recorded shapes. Every depth is summed: the ops

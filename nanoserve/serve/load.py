@@ -182,13 +182,12 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, rec: 
 async def run_load(base_url: str, model: str, prompts: list[str], *, max_tokens: int | list[int],
                    request_rate: float = float("inf"), burstiness: float = 1.0, max_concurrency: int | None = None,
                    seed: int = 0, slo: dict | None = None, api_key: str | None = None,
-                   timeout_s: float = 120.0, send_at: list[float] | None = None, extra_body: dict | None = None) -> dict:
+                   timeout_s: float = 120.0, send_at: list[float] | None = None) -> dict:
     """Sends every prompt once, on the arrival schedule, and returns `summarize`'s dict (with "requests").
 
     max_tokens: one for all, or one per prompt. slo: e.g. {"ttft": 500, "tpot": 50} in ms, for goodput.
     timeout_s bounds each request from the moment it is sent (connecting, every read, and the whole stream).
     send_at: each request's send time in seconds from the start (a trace's arrivals), instead of drawing them.
-    extra_body: more fields for every request's body (sampling parameters such as penalties).
     """
     sizes = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     if len(sizes) != len(prompts):
@@ -206,7 +205,7 @@ async def run_load(base_url: str, model: str, prompts: list[str], *, max_tokens:
 
     async def one(rec: RequestRecord):
         payload = {"model": model, "prompt": rec.prompt, "max_tokens": rec.max_tokens, "temperature": 0,
-                   "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra_body or {})}
+                   "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
         if limit:
             await limit.acquire()
         try:
