@@ -308,16 +308,37 @@ def test_activity_types_are_inferred_where_torch_has_no_activity_type():
 _SPINNER = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
 
 
+def _count(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
 def _starved_job():
-    """A job starved by labelled host work: Python in a data region between a few small matmuls."""
+    """A job starved by labelled host work: Python in a data region between a few small matmuls. The Python is fixed
+    work, not a fixed time, so a busy machine slows it like the ops; its size is set once, on this CPU, to about three
+    times the ops' time, so the job is starved (busy near 25%) whatever the ratio of this CPU's matmul to its Python."""
     a, b = torch.randn(384, 384), torch.randn(384, 384)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # perf.profile runs the ops on one thread on a CPU
+    try:
+        a @ b
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        matmul_s = (time.perf_counter() - start) / 4
+    finally:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    _count(200_000)
+    per_step = (time.perf_counter() - start) / 200_000
+    steps = max(50_000, int(3 * 2 * matmul_s / per_step))
 
     def job():
         for _ in range(8):
             with perf.region("data"):
-                x = 0
-                for i in range(150_000):   # fixed work, not a fixed time: a busy machine slows it like the ops
-                    x += i
+                _count(steps)
             for _ in range(2):
                 a @ b
     return job
