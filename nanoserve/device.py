@@ -5,6 +5,7 @@ and on a GPU, and `NANOSERVE_DEVICE=cpu|cuda` overrides the choice.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -35,3 +36,14 @@ def sync(dev: str | torch.device | None = None) -> None:
     dev = device(dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def sm_count(dev: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device: how many programs a kernel's grid must fill."""
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return _sm_count(index)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

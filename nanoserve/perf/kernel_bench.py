@@ -12,6 +12,7 @@ import re
 
 import torch
 
+from nanoserve.device import sm_count
 from nanoserve.kernels import activation, flash_attention, norm, paged_attention, rotary, row_softmax
 from nanoserve.perf import kernel_cost as cost
 from nanoserve.perf.hardware import HARDWARE, Hardware, measure_ceilings
@@ -72,7 +73,13 @@ def measure(w: dict = cost.WORKLOAD, with_reference: bool = True) -> list[dict]:
         t_kernel = triton.testing.do_bench(lambda: kernel(*args), return_mode="median") * 1e-3
         t_ref = triton.testing.do_bench(lambda: ref(*args), return_mode="median") * 1e-3 if with_reference else None
         pred = roofline(c.flops, c.bytes, hw, c.compute)
-        rows.append(dict(kernel=name, shape=c.shape, flops=c.flops, bytes=c.bytes, bound=pred.bound,
-                         hardware=hw.name, predicted_s=pred.predicted_s, triton_s=t_kernel, torch_s=t_ref,
-                         achieved_bytes_per_s=c.bytes / t_kernel, fraction_of_peak_bw=c.bytes / t_kernel / hw.mem_bw))
+        row = dict(kernel=name, shape=c.shape, flops=c.flops, bytes=c.bytes, bound=pred.bound,
+                   hardware=hw.name, predicted_s=pred.predicted_s, triton_s=t_kernel, torch_s=t_ref,
+                   achieved_bytes_per_s=c.bytes / t_kernel, fraction_of_peak_bw=c.bytes / t_kernel / hw.mem_bw)
+        if name == "paged_decode_attention":   # split-KV as chosen, beside one program per (sequence, kv head)
+            q, tables = args[0], args[3]
+            row["num_splits"] = paged_attention.decode_splits(q.shape[0], args[1].shape[2], tables.shape[1],
+                                                              sm_count(q.device))
+            row["one_split_s"] = triton.testing.do_bench(lambda: kernel(*args, num_splits=1), return_mode="median") * 1e-3
+        rows.append(row)
     return rows

@@ -10,16 +10,26 @@ Formats (nanoserve.quant.formats): int8 q [N, K] with fp32 scales [N], W ~ q * s
 int4 packed uint8 [N, Kp / 2] (column 2j in the low nibble of byte j, 2j + 1 in the high one), fp32
 scales and mins [N, Kp / G], W[n, k] ~ mins[n, k // G] + code * scales[n, k // G], Kp = K rounded up
 to a whole number of groups. Sums are in fp32; the output has x's dtype.
+
+Two kernels per format, chosen by the number of rows M. Up to GEMV_ROWS (decode at a small batch) a GEMV kernel:
+no `tl.dot`, whose smallest tile is 16 rows (15 of 16 would be padding at batch 1); each program multiplies its
+BLOCK_N weight rows by the few x rows with elementwise products summed along K, and where N / BLOCK_N programs are
+too few to keep a GPU's memory busy, K is split over several programs (split-K), whose fp32 partial sums one
+`sum` adds. Above GEMV_ROWS (prefill, large batches) the tile kernel on tensor cores.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from nanoserve.device import sm_count
 from nanoserve.kernels._triton import tl, triton
 from nanoserve.quant.formats import INT4_GROUP_SIZES, dequantize_int4, dequantize_int8, padded_in, unpack_int4
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GEMV_ROWS = 4             # up to this many rows of x take the GEMV kernels
+GEMV_ELEMENTS = 4096      # a GEMV program's product tile, BLOCK_M x BLOCK_N x (its K step): registers, not more
+PROGRAMS_PER_SM = 8       # split-K until a GPU holds this many programs per SM (or K runs out of steps)
 
 
 @triton.jit
@@ -89,21 +99,97 @@ def _int4_matmul_kernel(x_ptr, packed_ptr, scales_ptr, mins_ptr, bias_ptr, out_p
     tl.store(out_ptr + m[:, None] * stride_om + n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _int8_gemv_kernel(x_ptr, q_ptr, scales_ptr, bias_ptr, out_ptr, M, N, K, k_per_split,
+                      stride_xm, stride_qn, stride_om,
+                      HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    # one program: BLOCK_N output channels of the M (<= BLOCK_M) rows, over one stretch of K (all of it unless SPLIT)
+    m = tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    m_mask, n_mask = m < M, n < N
+    k_end = tl.minimum(split * k_per_split + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(split * k_per_split, k_end, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k < k_end
+        w = tl.load(q_ptr + n[:, None] * stride_qn + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                    other=0).to(tl.float32)                                                    # [N, K] codes
+        x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0).to(tl.float32)                                                  # [M, K]
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    acc *= tl.load(scales_ptr + n, mask=n_mask, other=0.0)[None, :]
+    _gemv_store(acc, bias_ptr, out_ptr, m, n, split, M, N, stride_om, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, packed_ptr, scales_ptr, mins_ptr, bias_ptr, out_ptr, M, N, K, n_groups,
+                      groups_per_split, stride_xm, stride_pn, stride_om,
+                      GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    # as _int8_gemv_kernel, one group of K per step; the nibbles split x into even and odd columns, as in
+    # _int4_matmul_kernel, and the weights are rounded to x's dtype as the reference rounds them
+    m = tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    m_mask, n_mask = m < M, n < N
+    j = tl.arange(0, GROUP // 2)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for g in range(split * groups_per_split, tl.minimum(split * groups_per_split + groups_per_split, n_groups)):
+        b = tl.load(packed_ptr + n[:, None] * stride_pn + g * (GROUP // 2) + j[None, :],
+                    mask=n_mask[:, None], other=0)                                             # [N, G/2] uint8
+        scale = tl.load(scales_ptr + n * n_groups + g, mask=n_mask, other=0.0)[:, None]
+        lo = tl.load(mins_ptr + n * n_groups + g, mask=n_mask, other=0.0)[:, None]
+        w_even = (lo + (b & 0xF).to(tl.float32) * scale).to(x_ptr.dtype.element_ty).to(tl.float32)
+        w_odd = (lo + (b >> 4).to(tl.float32) * scale).to(x_ptr.dtype.element_ty).to(tl.float32)
+        k_even = g * GROUP + 2 * j
+        x_even = tl.load(x_ptr + m[:, None] * stride_xm + k_even[None, :],
+                         mask=m_mask[:, None] & (k_even[None, :] < K), other=0.0).to(tl.float32)   # [M, G/2]
+        x_odd = tl.load(x_ptr + m[:, None] * stride_xm + k_even[None, :] + 1,
+                        mask=m_mask[:, None] & (k_even[None, :] + 1 < K), other=0.0).to(tl.float32)
+        acc += tl.sum(x_even[:, None, :] * w_even[None, :, :], axis=2)
+        acc += tl.sum(x_odd[:, None, :] * w_odd[None, :, :], axis=2)
+    _gemv_store(acc, bias_ptr, out_ptr, m, n, split, M, N, stride_om, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _gemv_store(acc, bias_ptr, out_ptr, m, n, split, M, N, stride_om, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    mask = (m < M)[:, None] & (n < N)[None, :]
+    if SPLIT:   # a partial sum, fp32 [splits, M, N]: the launcher adds them up (and the bias)
+        tl.store(out_ptr + (split * M + m[:, None]) * N + n[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + m[:, None] * stride_om + n[None, :], acc, mask=mask)
+
+
 # --- launchers ----------------------------------------------------------------------------------
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                block_n: int = 32, block_k: int = 128) -> torch.Tensor:
+                block_n: int = 32, block_k: int = 128, split_k: int | None = None) -> torch.Tensor:
     """x [..., K] @ (qweight int8 [N, K] * scales fp32 [N])^T (+ bias [N]) -> [..., N] in x's dtype.
 
-    block_n x block_k is the weight tile a program reads per step; 32 output channels per program keeps
-    enough programs busy at decode (N / 32 of them) without a split over K.
+    Up to GEMV_ROWS rows: the GEMV kernel, K split over `split_k` programs (None: as many as the GPU needs, 1 off
+    it). More rows: the tile kernel, block_n x block_k the weight tile a program reads per step.
     """
     _check_int8(x, qweight, scales, bias)
     _check_contiguous("int8_matmul", qweight=qweight, scales=scales, bias=bias)
     x2, lead = _rows(x)
     N, K = qweight.shape
     out = torch.empty(x2.shape[0], N, dtype=x.dtype, device=x.device)
-    if out.numel():
+    if out.numel() and x2.shape[0] <= GEMV_ROWS:
+        block_m = triton.next_power_of_2(x2.shape[0])
+        block_n = _gemv_block_n(block_m, 128)
+        splits = _gemv_splits(split_k, triton.cdiv(N, block_n), triton.cdiv(K, 128), x.device)
+        per_split = triton.cdiv(triton.cdiv(K, 128), splits) * 128
+        target = out if splits == 1 else torch.empty(splits, x2.shape[0], N, dtype=torch.float32, device=x.device)
+        _int8_gemv_kernel[(triton.cdiv(N, block_n), splits)](
+            x2, qweight, scales, bias if bias is not None else scales, target, x2.shape[0], N, K, per_split,
+            x2.stride(0), qweight.stride(0), out.stride(0), HAS_BIAS=bias is not None, SPLIT=splits > 1,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128)
+        _add_partials(target, out, bias)
+    elif out.numel():
         block_m, precision, upcast = _tiles(x2)
         grid = (triton.cdiv(x2.shape[0], block_m), triton.cdiv(N, block_n))
         _int8_matmul_kernel[grid](
@@ -114,18 +200,30 @@ def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
-                bias: torch.Tensor | None = None, block_n: int = 32) -> torch.Tensor:
+                bias: torch.Tensor | None = None, block_n: int = 32, split_k: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias [N]) -> [..., N] in x's dtype, W the int4 weight (see the module docstring).
 
     K is x's last dimension, the true in_features; the packed rows may be longer (padded to whole groups).
-    Each program steps through K one group (group_size columns) at a time.
+    Each program steps through K one group (group_size columns) at a time. Up to GEMV_ROWS rows: the GEMV
+    kernel, its groups split over `split_k` programs (None: as the GPU needs, 1 off it); more: the tile kernel.
     """
     _check_int4(x, packed, scales, mins, group_size, bias)
     _check_contiguous("int4_matmul", packed=packed, scales=scales, mins=mins, bias=bias)
     x2, lead = _rows(x)
     N, K = packed.shape[0], x.shape[-1]
     out = torch.empty(x2.shape[0], N, dtype=x.dtype, device=x.device)
-    if out.numel():
+    n_groups = scales.shape[1]
+    if out.numel() and x2.shape[0] <= GEMV_ROWS:
+        block_m = triton.next_power_of_2(x2.shape[0])
+        block_n = _gemv_block_n(block_m, group_size // 2)
+        splits = _gemv_splits(split_k, triton.cdiv(N, block_n), n_groups, x.device)
+        target = out if splits == 1 else torch.empty(splits, x2.shape[0], N, dtype=torch.float32, device=x.device)
+        _int4_gemv_kernel[(triton.cdiv(N, block_n), splits)](
+            x2, packed, scales, mins, bias if bias is not None else scales, target, x2.shape[0], N, K, n_groups,
+            triton.cdiv(n_groups, splits), x2.stride(0), packed.stride(0), out.stride(0), GROUP=group_size,
+            HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=block_m, BLOCK_N=block_n)
+        _add_partials(target, out, bias)
+    elif out.numel():
         block_m, precision, upcast = _tiles(x2)
         grid = (triton.cdiv(x2.shape[0], block_m), triton.cdiv(N, block_n))
         _int4_matmul_kernel[grid](
@@ -133,6 +231,31 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, min
             x2.stride(0), packed.stride(0), out.stride(0), GROUP=group_size, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, UPCAST=upcast)
     return out.reshape(*lead, N)
+
+
+def _gemv_block_n(block_m: int, k_step: int) -> int:
+    """Output channels per GEMV program: as many as keep its product tile within GEMV_ELEMENTS, 8 to 64."""
+    return min(64, max(8, GEMV_ELEMENTS // (block_m * k_step)))
+
+
+def _gemv_splits(split_k: int | None, n_programs: int, k_steps: int, device: torch.device) -> int:
+    """How many programs share K: `split_k` as asked (at most one K step each), else enough for PROGRAMS_PER_SM
+    programs per SM on a GPU, each with two K steps at least; 1 off the GPU."""
+    if split_k is not None:
+        if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
+            raise ValueError(f"split_k = {split_k!r}: expected an int >= 1 (or None to choose)")
+        return min(split_k, k_steps)
+    if device.type != "cuda":
+        return 1
+    return max(1, min(-(-PROGRAMS_PER_SM * sm_count(device) // n_programs), k_steps // 2))
+
+
+def _add_partials(target: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Split-K: out = the partial sums' total (+ bias), in out's dtype. Without a split the kernel wrote out."""
+    if target is out:
+        return
+    total = target.sum(0)
+    out.copy_(total if bias is None else total + bias.float())
 
 
 def _rows(x):

@@ -292,13 +292,53 @@ def test_paged_decode_attention(dtype, case):
     torch.testing.assert_close(got.float(), ref.float(), atol=ATTENTION_ATOL[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("splits", [2, 3, 64])
+@pytest.mark.parametrize("case", range(len(PAGED_CASES)))
+def test_split_kv_paged_decode_attention(case, splits):
+    """Split-KV: each (sequence, kv head) over `splits` programs, partial softmaxes combined. Stretches that hold
+    no key (a one-token sequence, a window that skips blocks, more splits than blocks) must weigh nothing."""
+    lens, H, Hk, D, block_size, window = PAGED_CASES[case]
+    k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, torch.float32, seed=20 + case)
+    q = randn(len(lens), H, D, seed=30 + case)
+    got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, D ** -0.5, window, num_splits=splits)
+    one = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, D ** -0.5, window, num_splits=1)
+    torch.testing.assert_close(got.cpu(), decode_attention_by_hand(q, keys, values, D ** -0.5, window),
+                               atol=ATTENTION_ATOL[torch.float32], rtol=0)
+    torch.testing.assert_close(got, one, atol=1e-6, rtol=0)
+
+
+def test_split_kv_of_an_empty_sequence_is_zeros_and_bad_splits_are_named():
+    k_cache, v_cache, tables, ctx, _, _ = make_paged([0, 7], 2, 16, 4, torch.float32, seed=47)
+    q = randn(2, 4, 16, seed=48)
+    got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.25, num_splits=2)
+    assert torch.equal(got[0], torch.zeros_like(got[0])) and torch.isfinite(got).all()
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="num_splits"):
+            paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.25, num_splits=bad)
+
+
+def test_split_kv_policy_fills_the_gpu_from_the_table_width():
+    """Enough splits for PROGRAMS_PER_SM programs per SM, each stretch MIN_BLOCKS_PER_SPLIT blocks at least, at most
+    MAX_SPLITS: read from shapes alone (no host sync). On 132 SMs (an H100 or H200):"""
+    pa = paged_attention
+    wanted = lambda programs: -(-pa.PROGRAMS_PER_SM * 132 // programs)
+    assert pa.decode_splits(32, 8, 256, 132) == wanted(256) > 1            # batch 32 at 4k tokens: 256 programs
+    assert pa.decode_splits(64, 8, 128, 132) == wanted(512) > 1
+    assert pa.decode_splits(512, 8, 256, 132) == 1                          # 4096 programs fill it
+    assert pa.decode_splits(1, 8, 4096, 132) == pa.MAX_SPLITS
+    assert pa.decode_splits(1, 8, 20, 132) == 20 // pa.MIN_BLOCKS_PER_SPLIT   # short tables: long enough stretches
+    assert pa.decode_splits(1, 8, 3, 132) == 1 and pa.decode_splits(0, 8, 64, 132) == 1
+
+
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("window", [None, 6])
-def test_paged_decode_reads_only_the_sequences_blocks(window):
+def test_paged_decode_reads_only_the_sequences_blocks(window, splits):
     # every entry outside a sequence's context is NaN, and the table rows end in -1: one stray read shows
     lens, H, Hk, D, block_size = [3, 21, 10], 6, 3, 24, 4
     k_cache, v_cache, tables, ctx, keys, values = make_paged(lens, Hk, D, block_size, torch.float32, 40, poison=True)
     q = randn(len(lens), H, D, seed=41)
-    got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, D ** -0.5, window)
+    got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, D ** -0.5, window,
+                                                 num_splits=splits)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.cpu(), decode_attention_by_hand(q, keys, values, D ** -0.5, window),
                                atol=ATTENTION_ATOL[torch.float32], rtol=0)
@@ -505,8 +545,9 @@ def test_gpu_paged_decode_long_context(dtype):
     lens = [1, 100, 1000, 4097]
     k_cache, v_cache, tables, ctx, _, _ = make_paged(lens, 8, 128, 16, dtype, seed=98)
     q = randn(len(lens), 32, 128, dtype=dtype, seed=99)
-    for window in (None, 512):
-        got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, 128 ** -0.5, window)
+    for window, splits in ((None, None), (512, None), (None, 1), (None, 7)):   # None: the device's policy
+        got = paged_attention.paged_decode_attention(q, k_cache, v_cache, tables, ctx, 128 ** -0.5, window,
+                                                     num_splits=splits)
         ref = paged_attention.paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables, ctx,
                                                          128 ** -0.5, window)
         torch.testing.assert_close(got.float(), ref, atol=ATTENTION_ATOL[dtype], rtol=0)

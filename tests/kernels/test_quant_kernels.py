@@ -81,6 +81,55 @@ def test_int4_kernel_matches_reference(group_size, k, m, dtype, bias):
                    qm.int4_matmul_ref(x, packed, scales, mins, group_size, b), dtype, "int4_matmul")
 
 
+# split-K: the GEMV kernels (up to GEMV_ROWS rows) with K shared by several programs, whose partial sums are added;
+# K = 520 is five K steps of 128 (the last partial), so 3 splits leave one program a single step and 8 are capped
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 2, qm.GEMV_ROWS])
+@pytest.mark.parametrize("split_k", [1, 3, 8])
+def test_int8_gemv_split_k_matches_reference(split_k, m, dtype, bias):
+    q, scales = int8_weight(72, 520, seed=40)
+    x = randn(m, 520, dtype=dtype, seed=41)
+    b = randn(72, dtype=dtype, seed=42) if bias else None
+    assert_matches(qm.int8_matmul(x, q, scales, b, split_k=split_k), qm.int8_matmul_ref(x, q, scales, b), dtype,
+                   f"int8_matmul split_k={split_k}")
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, qm.GEMV_ROWS])
+@pytest.mark.parametrize("split_k", [2, 3, 16])
+@pytest.mark.parametrize("group_size,k", [(32, 201), (128, 300)], ids=["G32-K201", "G128-K300"])
+def test_int4_gemv_split_k_matches_reference(group_size, k, split_k, m, dtype, bias):
+    packed, scales, mins = int4_weight(40, k, group_size, seed=43)
+    x = randn(m, k, dtype=dtype, seed=44)
+    b = randn(40, dtype=dtype, seed=45) if bias else None
+    assert_matches(qm.int4_matmul(x, packed, scales, mins, group_size, b, split_k=split_k),
+                   qm.int4_matmul_ref(x, packed, scales, mins, group_size, b), dtype, f"int4_matmul split_k={split_k}")
+
+
+def test_gemv_split_policy_and_bad_split_k(monkeypatch):
+    """Off the GPU one program per N tile; on one, K is split until PROGRAMS_PER_SM programs per SM (each with two K
+    steps at least); an asked split is capped at one K step per program. A bad split_k names itself."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert qm._gemv_splits(None, 4, 40, cpu) == 1
+    assert qm._gemv_splits(3, 4, 40, cpu) == 3 and qm._gemv_splits(99, 4, 5, cpu) == 5
+    monkeypatch.setattr(qm, "sm_count", lambda dev: 132)    # an H100 or H200
+    assert qm._gemv_splits(None, 28, 7, gpu) == 3          # Qwen2.5-0.5B's o_proj at batch 1: 28 N tiles, 7 steps
+    assert qm._gemv_splits(None, 64, 32, gpu) == 16        # 1056 wanted / 64 tiles = 17, two steps each: 16
+    assert qm._gemv_splits(None, 2048, 32, gpu) == 1
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="split_k"):
+            qm.int8_matmul(randn(1, 64, seed=46), *int8_weight(16, 64, seed=47), split_k=bad)
+
+
+@pytest.mark.parametrize("m", [qm.GEMV_ROWS, qm.GEMV_ROWS + 1])
+def test_gemv_and_tile_kernels_meet_at_gemv_rows(m):
+    q, scales = int8_weight(48, 200, seed=48)
+    x = randn(m, 200, seed=49)
+    assert_matches(qm.int8_matmul(x, q, scales), qm.int8_matmul_ref(x, q, scales), torch.float32, f"int8 m={m}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_leading_dims_are_kept(dtype):
     x = randn(2, 3, 200, dtype=dtype, seed=7)
