@@ -61,7 +61,8 @@ def check(name: str, passed: bool, detail: str = "") -> None:
 
 
 def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: str = "diagnosis",
-                    rtol: float = 0.25, busy_fraction: float | None = None, busy_atol: float = 0.05) -> None:
+                    rtol: float = 0.25, busy_fraction: float | None = None, busy_atol: float = 0.05,
+                    tie_rtol: float = 0.0) -> None:
     """Check a diagnosis written as data against the learner's own measurement.
 
     `measured` maps each category to the seconds spent in it (e.g. `{"data": 0.21, "compute": 0.01}`,
@@ -70,6 +71,8 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
       - "evidence_s": the seconds quoted for it, within `rtol` (relative) of `measured[bound]`;
       - "busy_fraction", only when `busy_fraction` (the measured accelerator busy fraction, e.g.
         `prof.busy_fraction`) is given: the fraction quoted, within `busy_atol` of it.
+    With `tie_rtol`, every category within that fraction of the largest is a bound too (two that measure alike are
+    a tie, which noise decides): naming any of them passes, and the line names them all, whichever was named.
     A malformed diagnosis is a FAIL with the reason, not an exception.
     """
     if not measured:
@@ -87,7 +90,8 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
     if not isinstance(evidence, (int, float)) or isinstance(evidence, bool) or not math.isfinite(evidence):
         check(name, False, f"evidence_s must be a number of seconds, got {evidence!r}")
         return
-    if bound != largest:
+    tied = [k for k in measured if float(measured[k]) >= (1.0 - tie_rtol) * float(measured[largest])]
+    if bound not in tied:
         check(name, False, f"bound={bound} but the measurement says {largest} dominates ({table})")
         return
     actual = float(measured[bound])
@@ -107,7 +111,9 @@ def check_diagnosis(diagnosis: object, measured: Mapping[str, float], *, name: s
                                f"{busy_fraction:.3f} (tolerance {busy_atol})")
             return
         busy = ", busy fraction as measured"   # no bare number: PASS lines must compare across machines
-    check(name, True, f"bound={bound}, evidence {evidence:.4f} s{busy} ({table})")
+    named = f"bound={bound}" if len(tied) == 1 else \
+        f"bound={' or '.join(tied)}, within {tie_rtol:.0%} of each other (a tie), named one of them"
+    check(name, True, f"{named}, evidence {evidence:.4f} s{busy} ({table})")
 
 
 def answered(*names: str) -> None:
