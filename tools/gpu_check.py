@@ -11,7 +11,10 @@ stays under 9.5 minutes (a device command may run 10):
   6. batch-1 decode latency on the course model and Qwen2.5-0.5B's shape: eager, torch.compile, CUDA
      graphs and transformers' compiled static-cache decode (the named peer);
   7. weight-only quantization: batch-1 decode of Qwen2.5-0.5B's shape in bf16, int8 and int4 (the Triton
-     dequant-matmul kernels) against gpt-fast's int8 recipe (benchmarks/quantization.py --device cuda).
+     dequant-matmul kernels) against gpt-fast's int8 recipe (benchmarks/quantization.py --device cuda);
+  8. the course on CUDA: every chapter and lab solution under nbval against its committed (CPU) outputs, as
+     JUnit XML (notebooks.xml): which cells run and which outputs differ on a GPU. Steps 1-7 take the whole
+     budget, so this one runs only when asked: `--steps notebooks` (ON_REQUEST).
 `--steps NAME ...` runs only the named steps (in this order), e.g. when device time is short.
 Everything goes to benchmarks/results/gpu-<UTC time>/: machine.json (GPU, driver, torch, CUDA, Triton,
 commit, date), each step's log, the benchmarks' JSON records, pytest's junit.xml, and summary.json (each
@@ -36,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 570          # all steps together: under 9.5 minutes with start-up and machine info
 MIN_STEP_S = 15         # a step with less time than this left is skipped, not started
+ON_REQUEST = {"notebooks"}   # steps run only when named in --steps
 
 
 def gpu_test_files() -> list[str]:
@@ -63,6 +67,8 @@ def steps(out: Path) -> list[tuple[str, list[str], int]]:
                               "--save", str(out)], 35),
         ("decode-latency-all", latency + ["COURSE_MODEL", "qwen2.5-0.5b", "--batch-sizes", "1"], 110),
         ("quantization", [py, "benchmarks/quantization.py", "--device", "cuda", "--save", str(out)], 120),
+        ("notebooks", [py, "-m", "pytest", "chapters", "solutions", "-p", "no:cacheprovider", "-q", "-ra",
+                       "--timeout=150", f"--junitxml={out / 'notebooks.xml'}"], 540),
     ]
 
 
@@ -142,7 +148,7 @@ def main(argv=None) -> int:
     deadline = time.perf_counter() + args.budget
     results = []
     for name, cmd, limit in steps(out):
-        if args.steps and name not in args.steps:
+        if (name not in args.steps) if args.steps else (name in ON_REQUEST):
             continue
         left = deadline - time.perf_counter()
         if left < MIN_STEP_S:

@@ -36,7 +36,9 @@ def test_the_steps_it_runs_exist():
         scripts = [c for c in cmd if c.endswith(".py")]
         assert all((ROOT / s).is_file() for s in scripts), name
         assert 0 < limit <= gpu_check.BUDGET_S
-    assert sum(limit for *_, limit in gpu_check.steps(Path("out"))) <= gpu_check.BUDGET_S
+    by_default = [limit for name, _, limit in gpu_check.steps(Path("out")) if name not in gpu_check.ON_REQUEST]
+    assert sum(by_default) <= gpu_check.BUDGET_S
+    assert gpu_check.ON_REQUEST <= {name for name, _, _ in gpu_check.steps(Path("out"))}
 
 
 def test_steps_run_under_their_limits_and_results_are_written(tmp_path, monkeypatch):
@@ -60,3 +62,18 @@ def test_steps_run_under_their_limits_and_results_are_written(tmp_path, monkeypa
     assert by_step["fails"]["returncode"] == 3
     assert "skipped" in by_step["late"]   # the budget ran out before it
     assert json.loads((out / "machine.json").read_text())["gpus"][0]["name"] == "pretend GPU"
+
+
+def test_a_step_on_request_runs_only_when_named(tmp_path, monkeypatch):
+    py = sys.executable
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "machine_info", lambda torch: {"gpus": [{"name": "pretend GPU"}], "torch": "x", "cuda": "y"})
+    monkeypatch.setattr(gpu_check, "steps", lambda out: [("quick", [py, "-c", "pass"], 30),
+                                                         ("notebooks", [py, "-c", "pass"], 30)])
+    ran = []
+    for argv in ([], ["--steps", "notebooks"]):
+        folder = tmp_path / str(len(ran))
+        assert gpu_check.main(["--results", str(folder), *argv]) == 0
+        (out,) = folder.iterdir()
+        ran.append([s["step"] for s in json.loads((out / "summary.json").read_text())["steps"]])
+    assert ran == [["quick"], ["notebooks"]]
