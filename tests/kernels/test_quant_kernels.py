@@ -81,12 +81,16 @@ def test_int4_kernel_matches_reference(group_size, k, m, dtype, bias):
                    qm.int4_matmul_ref(x, packed, scales, mins, group_size, b), dtype, "int4_matmul")
 
 
-# split-K: the GEMV kernels (up to GEMV_ROWS rows) with K shared by several programs, whose partial sums are added;
-# K = 520 is five K steps of 128 (the last partial), so 3 splits leave one program a single step and 8 are capped
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 2, qm.GEMV_ROWS])
-@pytest.mark.parametrize("split_k", [1, 3, 8])
+# split-K: the GEMV kernels (up to GEMV_ROWS rows) with K shared by several programs, whose partial sums are added
+# (the bias with them, on the host; without a split the kernel adds it). K = 520 is five K steps of 128, the last
+# partial, so 3 splits leave one program a single step and 8 are capped at five
+F32, BF16 = torch.float32, torch.bfloat16
+INT8_SPLITS = [(split, m, F32, False) for split in (1, 3, 8) for m in (1, qm.GEMV_ROWS)] + \
+              [(1, 1, BF16, True), (3, 2, BF16, True), (8, qm.GEMV_ROWS, F32, True)]
+
+
+@pytest.mark.parametrize("split_k,m,dtype,bias", INT8_SPLITS, ids=[f"s{s}-m{m}-{str(d)[6:]}-{'bias' if b else 'nobias'}"
+                                                                   for s, m, d, b in INT8_SPLITS])
 def test_int8_gemv_split_k_matches_reference(split_k, m, dtype, bias):
     q, scales = int8_weight(72, 520, seed=40)
     x = randn(m, 520, dtype=dtype, seed=41)
@@ -95,11 +99,13 @@ def test_int8_gemv_split_k_matches_reference(split_k, m, dtype, bias):
                    f"int8_matmul split_k={split_k}")
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, qm.GEMV_ROWS])
-@pytest.mark.parametrize("split_k", [2, 3, 16])
-@pytest.mark.parametrize("group_size,k", [(32, 201), (128, 300)], ids=["G32-K201", "G128-K300"])
+INT4_SPLITS = [(g, k, split, 1, F32, False) for g, k in ((32, 201), (128, 300)) for split in (2, 3, 16)] + \
+              [(32, 201, 3, qm.GEMV_ROWS, BF16, True), (128, 300, 1, qm.GEMV_ROWS, BF16, True)]
+
+
+@pytest.mark.parametrize("group_size,k,split_k,m,dtype,bias", INT4_SPLITS,
+                         ids=[f"G{g}-K{k}-s{s}-m{m}-{str(d)[6:]}-{'bias' if b else 'nobias'}"
+                              for g, k, s, m, d, b in INT4_SPLITS])
 def test_int4_gemv_split_k_matches_reference(group_size, k, split_k, m, dtype, bias):
     packed, scales, mins = int4_weight(40, k, group_size, seed=43)
     x = randn(m, k, dtype=dtype, seed=44)
