@@ -12,9 +12,11 @@ stays under 9.5 minutes (a device command may run 10):
      graphs and transformers' compiled static-cache decode (the named peer);
   7. weight-only quantization: batch-1 decode of Qwen2.5-0.5B's shape in bf16, int8 and int4 (the Triton
      dequant-matmul kernels) against gpt-fast's int8 recipe (benchmarks/quantization.py --device cuda);
-  8. the course on CUDA: every chapter and lab solution under nbval against its committed (CPU) outputs, as
-     JUnit XML (notebooks.xml): which cells run and which outputs differ on a GPU. Steps 1-7 take the whole
-     budget, so this one runs only when asked: `--steps notebooks` (ON_REQUEST).
+  8. the course on CUDA: every chapter and lab solution under nbval against its committed (CPU) outputs, one
+     at a time with a limit each (tools/run_notebooks.py): per notebook passed or failed, its failed cells and
+     seconds in notebooks.json and summary.json, each one's log and JUnit XML in notebooks/. Steps 1-7 take the
+     whole budget, so this one runs only when asked: `--steps notebooks` (ON_REQUEST). `--device cpu` runs it
+     on a CPU (and nothing else), which is how the test command checks it before it meets a GPU.
 `--steps NAME ...` runs only the named steps (in this order), e.g. when device time is short.
 Everything goes to benchmarks/results/gpu-<UTC time>/: machine.json (GPU, driver, torch, CUDA, Triton,
 commit, date), each step's log, the benchmarks' JSON records, pytest's junit.xml, and summary.json (each
@@ -47,7 +49,7 @@ def gpu_test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
 
 
-def steps(out: Path) -> list[tuple[str, list[str], int]]:
+def steps(out: Path, device: str = "cuda", notebooks: list[str] | None = None) -> list[tuple[str, list[str], int]]:
     """(name, command, time limit in seconds) of each step; the benchmarks save their JSON into `out`."""
     py = sys.executable
     # pytest without the ini's addopts, on the files that hold gpu tests: a GPU image may lack nbval and
@@ -67,8 +69,8 @@ def steps(out: Path) -> list[tuple[str, list[str], int]]:
                               "--save", str(out)], 35),
         ("decode-latency-all", latency + ["COURSE_MODEL", "qwen2.5-0.5b", "--batch-sizes", "1"], 110),
         ("quantization", [py, "benchmarks/quantization.py", "--device", "cuda", "--save", str(out)], 120),
-        ("notebooks", [py, "-m", "pytest", "chapters", "solutions", "-p", "no:cacheprovider", "-q", "-ra",
-                       "--timeout=150", f"--junitxml={out / 'notebooks.xml'}"], 540),
+        ("notebooks", [py, "tools/run_notebooks.py", "--out", str(out), "--device", device, "--limit", "120",
+                       *(notebooks or [])], 540),
     ]
 
 
@@ -129,13 +131,18 @@ def main(argv=None) -> int:
                     help="parent folder of the gpu-<UTC time>/ folder (default benchmarks/results)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for all steps (default {BUDGET_S})")
     ap.add_argument("--steps", nargs="+", metavar="NAME", help="run only these steps (default: all)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: run the notebooks step on this CPU, to check it (nothing else runs there)")
+    ap.add_argument("--notebooks", nargs="+", metavar="NB", help="the notebooks step's notebooks (default: all)")
     args = ap.parse_args(argv)
     known = [name for name, _, _ in steps(Path("."))]
     unknown = sorted(set(args.steps or ()) - set(known))
     if unknown:
         ap.error(f"unknown step(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
+    if args.device == "cpu" and not (args.steps and set(args.steps) <= ON_REQUEST):
+        ap.error(f"--device cpu runs only {', '.join(sorted(ON_REQUEST))}: name it with --steps")
     import torch
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: torch {torch.__version__} sees no CUDA device (torch.version.cuda = {torch.version.cuda}); "
               "this check records GPU evidence and needs one. Nothing was run or written.", file=sys.stderr)
         return 2
@@ -143,11 +150,11 @@ def main(argv=None) -> int:
     out.mkdir(parents=True)
     info = machine_info(torch)
     (out / "machine.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"gpu-check: {', '.join(g['name'] for g in info['gpus'])}; torch {info['torch']}, CUDA {info['cuda']}; "
+    print(f"gpu-check: {', '.join(g['name'] for g in info['gpus']) or 'no GPU (--device cpu)'}; torch {info['torch']}, CUDA {info['cuda']}; "
           f"results in {out}")
     deadline = time.perf_counter() + args.budget
     results = []
-    for name, cmd, limit in steps(out):
+    for name, cmd, limit in steps(out, args.device, args.notebooks):
         if (name not in args.steps) if args.steps else (name in ON_REQUEST):
             continue
         left = deadline - time.perf_counter()
@@ -161,7 +168,9 @@ def main(argv=None) -> int:
         verdict = "ok" if r["returncode"] == 0 else "TIMED OUT" if r["timed_out"] else f"FAILED (exit {r['returncode']})"
         print(f"  {name:<17} {verdict:<18} {r['seconds']:6.1f} s   log: {out / r['log']}")
     ok = all(r["returncode"] == 0 for r in results)
-    (out / "summary.json").write_text(json.dumps(dict(machine=info["gpus"], ok=ok, steps=results), indent=2) + "\n")
+    per_notebook = json.loads((out / "notebooks.json").read_text())["notebooks"] if (out / "notebooks.json").exists() else None
+    (out / "summary.json").write_text(json.dumps(dict(machine=info["gpus"], device=args.device, ok=ok, steps=results,
+                                                      notebooks=per_notebook), indent=2) + "\n")
     print(f"gpu-check: {'all steps passed' if ok else 'some steps failed'}; commit {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0 if ok else 1
 

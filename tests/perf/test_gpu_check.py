@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def test_steps_run_under_their_limits_and_results_are_written(tmp_path, monkeypa
     monkeypatch.setattr(gpu_check, "machine_info", lambda torch: {"gpus": [{"name": "pretend GPU"}], "torch": "x",
                                                                    "cuda": "y"})
     monkeypatch.setattr(gpu_check, "MIN_STEP_S", 0.5)
-    monkeypatch.setattr(gpu_check, "steps", lambda out: [
+    monkeypatch.setattr(gpu_check, "steps", lambda out, *_: [
         ("passes", [py, "-c", "print('fine')"], 30),
         ("fails", [py, "-c", "raise SystemExit(3)"], 30),
         ("hangs", [py, "-c", "import time; time.sleep(60)"], 30),   # stopped where the budget ends
@@ -68,7 +69,7 @@ def test_a_step_on_request_runs_only_when_named(tmp_path, monkeypatch):
     py = sys.executable
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check, "machine_info", lambda torch: {"gpus": [{"name": "pretend GPU"}], "torch": "x", "cuda": "y"})
-    monkeypatch.setattr(gpu_check, "steps", lambda out: [("quick", [py, "-c", "pass"], 30),
+    monkeypatch.setattr(gpu_check, "steps", lambda out, *_: [("quick", [py, "-c", "pass"], 30),
                                                          ("notebooks", [py, "-c", "pass"], 30)])
     ran = []
     for argv in ([], ["--steps", "notebooks"]):
@@ -77,3 +78,34 @@ def test_a_step_on_request_runs_only_when_named(tmp_path, monkeypatch):
         (out,) = folder.iterdir()
         ran.append([s["step"] for s in json.loads((out / "summary.json").read_text())["steps"]])
     assert ran == [["quick"], ["notebooks"]]
+
+
+def test_the_notebooks_step_runs_on_a_cpu_and_reports_each_notebook(tmp_path):
+    """`--device cpu --steps notebooks`: the step as a GPU would run it, on the fixture lab (a few seconds)."""
+    nb = ROOT / "tests" / "fixtures" / "solutions" / "lab00_example.ipynb"
+    assert gpu_check.main(["--results", str(tmp_path), "--device", "cpu", "--steps", "notebooks",
+                           "--notebooks", str(nb)]) == 0
+    (out,) = tmp_path.iterdir()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"] == "cpu" and [s["step"] for s in summary["steps"]] == ["notebooks"]
+    (row,) = summary["notebooks"]
+    assert row["notebook"] == "tests/fixtures/solutions/lab00_example.ipynb" and row["passed"]
+    assert row["failed_cells"] == [] and row["seconds"] > 0 and (out / "notebooks" / row["log"]).exists()
+
+
+def test_the_cpu_runs_nothing_but_the_notebooks_step(tmp_path, capsys):
+    for argv in ([], ["--steps", "kernels"], ["--steps", "notebooks", "kernels"]):
+        with pytest.raises(SystemExit):
+            gpu_check.main(["--results", str(tmp_path), "--device", "cpu", *argv])
+    assert "--device cpu runs only notebooks" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_failed_cells_are_read_from_the_junit_xml(tmp_path):
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "tools" / "run_notebooks.py")
+    run_notebooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_notebooks)
+    junit = tmp_path / "x.xml"
+    junit.write_text('<testsuites><testsuite><testcase name="Cell 0"/><testcase name="Cell 1"><failure message="m"/>'
+                     '</testcase><testcase name="Cell 2"><error message="e"/></testcase></testsuite></testsuites>')
+    assert run_notebooks.failed_cells(junit) == ["Cell 1", "Cell 2"]
+    assert run_notebooks.failed_cells(tmp_path / "missing.xml") == []
