@@ -22,6 +22,7 @@ import torch
 
 from nanoserve.device import sm_count
 from nanoserve.kernels._triton import tl, triton
+from nanoserve.validation import check_int
 
 
 @triton.jit
@@ -156,8 +157,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     if num_splits is None:   # the interpreter (off the GPU) gains nothing from more programs
         num_splits = 1 if q.device.type != "cuda" else decode_splits(B, Hk, tables.shape[1], sm_count(q.device))
-    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits = {num_splits!r}: expected an int >= 1 (or None to choose)")
+    else:
+        check_int("num_splits", num_splits)
     splits = max(1, min(num_splits, tables.shape[1]))         # a stretch holds one block at least
     per_split = -(-tables.shape[1] // splits)
     out = torch.empty_like(q)

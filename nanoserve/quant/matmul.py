@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from nanoserve.device import sm_count
 from nanoserve.kernels._triton import tl, triton
 from nanoserve.quant.formats import INT4_GROUP_SIZES, dequantize_int4, dequantize_int8, padded_in, unpack_int4
+from nanoserve.validation import check_int
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GEMV_ROWS = 4             # up to this many rows of x take the GEMV kernels
@@ -105,10 +106,7 @@ def _int8_gemv_kernel(x_ptr, q_ptr, scales_ptr, bias_ptr, out_ptr, M, N, K, k_pe
                       HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
     # one program: BLOCK_N output channels of the M (<= BLOCK_M) rows, over one stretch of K (all of it unless SPLIT)
-    m = tl.arange(0, BLOCK_M)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(1)
-    m_mask, n_mask = m < M, n < N
+    m, n, split, m_mask, n_mask = _gemv_program(M, N, BLOCK_M, BLOCK_N)
     k_end = tl.minimum(split * k_per_split + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(split * k_per_split, k_end, BLOCK_K):
@@ -130,10 +128,7 @@ def _int4_gemv_kernel(x_ptr, packed_ptr, scales_ptr, mins_ptr, bias_ptr, out_ptr
                       BLOCK_N: tl.constexpr):
     # as _int8_gemv_kernel, one group of K per step; the nibbles split x into even and odd columns, as in
     # _int4_matmul_kernel, and the weights are rounded to x's dtype as the reference rounds them
-    m = tl.arange(0, BLOCK_M)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(1)
-    m_mask, n_mask = m < M, n < N
+    m, n, split, m_mask, n_mask = _gemv_program(M, N, BLOCK_M, BLOCK_N)
     j = tl.arange(0, GROUP // 2)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for g in range(split * groups_per_split, tl.minimum(split * groups_per_split + groups_per_split, n_groups)):
@@ -151,6 +146,14 @@ def _int4_gemv_kernel(x_ptr, packed_ptr, scales_ptr, mins_ptr, bias_ptr, out_ptr
         acc += tl.sum(x_even[:, None, :] * w_even[None, :, :], axis=2)
         acc += tl.sum(x_odd[:, None, :] * w_odd[None, :, :], axis=2)
     _gemv_store(acc, bias_ptr, out_ptr, m, n, split, M, N, stride_om, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _gemv_program(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A GEMV program's rows of x, its output channels, its stretch of K, and the masks of the first two."""
+    m = tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return m, n, tl.program_id(1), m < M, n < N
 
 
 @triton.jit
@@ -242,8 +245,7 @@ def _gemv_splits(split_k: int | None, n_programs: int, k_steps: int, device: tor
     """How many programs share K: `split_k` as asked (at most one K step each), else enough for PROGRAMS_PER_SM
     programs per SM on a GPU, each with two K steps at least; 1 off the GPU."""
     if split_k is not None:
-        if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
-            raise ValueError(f"split_k = {split_k!r}: expected an int >= 1 (or None to choose)")
+        check_int("split_k", split_k)
         return min(split_k, k_steps)
     if device.type != "cuda":
         return 1
