@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # gpu_check, beside this file
+from gpu_check import ROOT, run_step  # noqa: E402
 
 
 def default_notebooks() -> list[Path]:
@@ -37,24 +35,16 @@ def failed_cells(junit: Path) -> list[str]:
             if case.find("failure") is not None or case.find("error") is not None]
 
 
-def run_one(notebook: Path, out: Path, limit_s: float, env: dict) -> dict:
-    name = notebook.stem
-    junit, log = out / f"{name}.xml", out / f"{name}.log"
+def run_one(notebook: Path, out: Path, limit_s: float) -> dict:
+    """One notebook under nbval, as gpu_check runs a step (its own process group, killed at the limit)."""
+    junit = out / f"{notebook.stem}.xml"
     # the repository's settings (nbval and its sanitizers) wherever the notebook lies
     cmd = [sys.executable, "-m", "pytest", str(notebook), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
            "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
-    start = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc, timed_out = proc.wait(timeout=limit_s), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)    # pytest and the kernel it started
-            rc, timed_out = proc.wait(), True
-            f.write(f"\n[run_notebooks] killed after the {limit_s:.0f} s limit\n")
+    r = run_step(notebook.stem, cmd, limit_s, out / f"{notebook.stem}.log")
     return dict(notebook=str(notebook.relative_to(ROOT)) if notebook.is_relative_to(ROOT) else str(notebook),
-                passed=rc == 0 and not timed_out, returncode=rc, timed_out=timed_out,
-                seconds=round(time.perf_counter() - start, 1), failed_cells=failed_cells(junit), log=log.name)
+                passed=r["returncode"] == 0 and not r["timed_out"], returncode=r["returncode"],
+                timed_out=r["timed_out"], seconds=r["seconds"], failed_cells=failed_cells(junit), log=r["log"])
 
 
 def main(argv=None) -> int:
@@ -70,11 +60,10 @@ def main(argv=None) -> int:
         ap.error(f"no such notebook: {', '.join(missing)}")
     folder = args.out / "notebooks"
     folder.mkdir(parents=True, exist_ok=True)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, NANOSERVE_DEVICE=args.device, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    os.environ["NANOSERVE_DEVICE"] = args.device     # the notebooks' device (perf.device()), for every run below
     results = []
     for nb in notebooks:
-        r = run_one(nb, folder, args.limit, env)
+        r = run_one(nb, folder, args.limit)
         results.append(r)
         verdict = "passed" if r["passed"] else "TIMED OUT" if r["timed_out"] else f"failed ({len(r['failed_cells'])} cells)"
         print(f"  {r['notebook']:<48} {verdict:<20} {r['seconds']:6.1f} s", flush=True)
