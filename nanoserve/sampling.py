@@ -95,10 +95,14 @@ class SamplingParams:
         return dataclasses.replace(self, n=1, seed=seed)
 
     @property
+    def penalizes(self) -> bool:
+        """A repetition, presence or frequency penalty: the logits depend on the tokens generated so far."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty)
+
+    @property
     def adjusts_logits(self) -> bool:
-        """A bias, min_tokens or a penalty: the logits depend on the tokens so far (`adjust_logits`)."""
-        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0)
+        """A bias, min_tokens or a penalty: the logits need `adjust_logits`."""
+        return bool(self.logit_bias or self.min_tokens or self.penalizes)
 
 
 def adjust_logits(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],

@@ -121,7 +121,7 @@ class ModelRunner:
             if s.logit_state is None:
                 s.logit_state = LogitState(s.params, s.token_ids[:s.num_prompt_tokens], s.min_tokens_stop_ids,
                                            logits.shape[-1], logits.device)
-            if s.params.repetition_penalty != 1.0 or s.params.frequency_penalty or s.params.presence_penalty:
+            if s.params.penalizes:
                 s.logit_state.catch_up(out)
         return adjust_logits_batched(logits, params, [s.logit_state for s in sampled], [len(o) for o in outputs])
 

@@ -16,6 +16,7 @@ Categories of ops and device work: "compute", "comm" (collectives) and "memcpy" 
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 
@@ -80,27 +81,39 @@ def _numel(shape) -> int:
     return n
 
 
-def op_flops_and_bytes(name: str, shapes: list, dtypes: list) -> tuple[float, float]:
-    """FLOPs of an aten operator from torch.utils.flop_counter's formulas (0 for ops it does not count),
-    and bytes moved estimated as its tensor inputs read plus its output written."""
+@functools.lru_cache(maxsize=None)
+def _flop_formula(name: str):
+    """torch.utils.flop_counter's formula for an aten operator's name, or None (looked up once per name: a
+    server's profile holds hundreds of thousands of operators and a few dozen names)."""
+    if not name.startswith("aten::"):
+        return None
+    import torch
     from torch.utils.flop_counter import flop_registry
 
+    packet = getattr(torch.ops.aten, name[len("aten::"):], None)
+    return flop_registry.get(packet) if packet is not None else None
+
+
+def op_flops(name: str, shapes: list) -> float:
+    """FLOPs of an aten operator from torch.utils.flop_counter's formulas (0 for ops it does not count)."""
+    formula = _flop_formula(name)
+    if formula is None:
+        return 0.0
+    try:
+        return float(formula(*[tuple(s) if isinstance(s, list) else s for s in shapes]))
+    except Exception:   # a formula needing arguments the trace does not keep: FLOPs unknown
+        return 0.0
+
+
+def op_flops_and_bytes(name: str, shapes: list, dtypes: list) -> tuple[float, float]:
+    """`op_flops`, and bytes moved estimated as its tensor inputs read plus its output written."""
     tensors = [(s, d) for s, d in zip(shapes, dtypes) if isinstance(s, (list, tuple)) and len(s) > 0]
     read = sum(_numel(s) * _dtype_bytes(d) for s, d in tensors)
-    flops, out_numel = 0.0, max((_numel(s) for s, _ in tensors), default=0)
-    if name.startswith("aten::"):
-        import torch
-
-        packet = getattr(torch.ops.aten, name[len("aten::"):], None)
-        formula = flop_registry.get(packet) if packet is not None else None
-        if formula is not None:
-            try:
-                flops = float(formula(*[tuple(s) if isinstance(s, list) else s for s in shapes]))
-            except Exception:   # a formula needing arguments the trace does not keep: FLOPs unknown
-                flops = 0.0
-            if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and len(tensors) >= 2:
-                a, b = tensors[-2][0], tensors[-1][0]   # output [.., M, N] from [.., M, K] @ [.., K, N]
-                out_numel = _numel(a[:-1]) * int(b[-1])
+    flops, out_numel = op_flops(name, shapes), max((_numel(s) for s, _ in tensors), default=0)
+    if _flop_formula(name) is not None and name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") \
+            and len(tensors) >= 2:
+        a, b = tensors[-2][0], tensors[-1][0]   # output [.., M, N] from [.., M, K] @ [.., K, N]
+        out_numel = _numel(a[:-1]) * int(b[-1])
     out_bytes = out_numel * (_dtype_bytes(tensors[0][1]) if tensors else 0)
     return flops, float(read + out_bytes)
 
