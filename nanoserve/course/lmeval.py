@@ -3,7 +3,7 @@
     run = run_lm_eval(url)              # url: a `python -m nanoserve serve` base URL; the `lm_eval` command
     run.metrics   # {"course_line_mc": {"acc": 0.35, "acc_stderr": 0.07}, "course_line_gen": {"exact_match": ...}}
     run.samples   # {task: one dict per item, in item order: lm-eval's scores of it (see `compact_samples`)}
-    runs = run_lm_eval_each([url_a, url_b])   # several servers, one lm-eval process through its Python API
+    runs = run_lm_eval_each([url_a, url_b])   # several servers at once, one lm-eval process through its Python API
 
 lm-eval runs in its own process group under a hard timeout, offline: the tasks and their items come from
 benchmarks/lm_eval/ and the tokenizer from the model's directory, never from a hub. It sends batches of
@@ -13,7 +13,8 @@ prompt's log-probabilities; generate-until: greedy with `stop`), `num_concurrent
 
 The `lm_eval` command indexes every task bundled with lm-eval (some 14,000 YAML files, several seconds on a small
 CPU) before it runs ours; `run_lm_eval_each` calls `lm_eval.simple_evaluate`, the function the command ends in,
-with a task manager that knows only ours, once per server in one process.
+with a task manager that knows only ours, for every server at once in one process (a thread each: one server on
+a core or less waits on its forwards, and the others' requests fill the other core).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,7 @@ TASKS = (MC_TASK, GEN_TASK)
 class LmEvalRun:
     metrics: dict[str, dict[str, float]]   # {task: {metric: value}}, lm-eval's aggregate (its "none" filter)
     samples: dict[str, list[dict]]         # {task: per item, in item order}
-    seconds: float                         # lm-eval's run against this server
+    seconds: float                         # lm-eval's run against this server (beside the others' runs)
 
 
 def model_args(base_url: str, model: str = "course", tokenizer: str | Path | None = None, num_concurrent: int = 8,
@@ -73,7 +75,7 @@ def run_lm_eval(base_url: str, model: str = "course", tokenizer: str | Path | No
 
 def run_lm_eval_each(base_urls: list[str], model: str = "course", tokenizer: str | Path | None = None, tasks=TASKS,
                      batch_size: int = 4, num_concurrent: int = 8, timeout_s: float = 120.0) -> list[LmEvalRun]:
-    """lm-eval against each server in turn, in one process (`python -m nanoserve.course.lmeval`) that imports
+    """lm-eval against each server, all at once, in one process (`python -m nanoserve.course.lmeval`) that imports
     lm-eval once; the runs in the order of `base_urls`. The timeout covers them all."""
     with tempfile.TemporaryDirectory(prefix="lm_eval-") as tmp:
         out = Path(tmp) / "runs.json"
@@ -125,8 +127,8 @@ def cli_samples(out: Path, task: str) -> list[dict]:
 
 
 def main() -> None:
-    """The process of `run_lm_eval_each`: lm-eval's Python API against each server in turn (once imported, lm-eval
-    costs about a tenth of a second of CPU per server), the runs written as JSON."""
+    """The process of `run_lm_eval_each`: lm-eval's Python API against every server at once, a thread each (once
+    imported, lm-eval costs about a tenth of a second of CPU per server), the runs written as JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--urls", nargs="+", required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -137,16 +139,27 @@ def main() -> None:
     p.add_argument("--num-concurrent", type=int, default=8)
     a = p.parse_args()
     import lm_eval
-    from lm_eval.tasks import TaskManager
-    ours = TaskManager(include_path=str(TASK_DIR), include_defaults=False)
-    runs = []
-    for url in a.urls:
+    import transformers
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    # What an evaluation imports lazily on first use (transformers' AutoTokenizer, the model client, the tasks'
+    # dataset function) is imported here first: two threads importing one module at once can see it half made.
+    _ = transformers.AutoTokenizer                    # a lazy attribute: the first access imports it
+    get_model("local-completions")
+    get_task_dict(a.tasks, TaskManager(include_path=str(TASK_DIR), include_defaults=False))
+
+    def run(url: str) -> dict:   # each thread its own task manager: one thread's tasks are never another's objects
         t0 = time.perf_counter()
         out = lm_eval.simple_evaluate(model="local-completions", tasks=a.tasks, batch_size=a.batch_size,
                                       model_args=model_args(url, a.model, a.tokenizer, a.num_concurrent),
-                                      task_manager=ours, log_samples=True)
-        runs.append(dict(metrics=compact_metrics(out["results"]), seconds=time.perf_counter() - t0,
-                         samples={task: compact_samples(task, out["samples"][task]) for task in a.tasks}))
+                                      task_manager=TaskManager(include_path=str(TASK_DIR), include_defaults=False),
+                                      log_samples=True)
+        return dict(metrics=compact_metrics(out["results"]), seconds=time.perf_counter() - t0,
+                    samples={task: compact_samples(task, out["samples"][task]) for task in a.tasks})
+
+    with ThreadPoolExecutor(len(a.urls)) as pool:
+        runs = list(pool.map(run, a.urls))
     a.out.write_text(json.dumps(runs))
 
 
