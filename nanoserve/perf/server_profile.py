@@ -24,7 +24,7 @@ import orjson   # a profile of a few seconds of serving is ~80 MB of JSON: orjso
 
 from nanoserve.engine.async_engine import CLOCK_SPAN
 from nanoserve.engine.tracing import FORWARD_SPAN, STEP_SPAN
-from nanoserve.perf.trace import KERNEL_PREFIX, op_flops
+from nanoserve.perf.trace import KERNEL_PREFIX, flop_formula, op_flops
 
 LAYERS = ("API", "engine", "model", "kernels", "idle")
 
@@ -99,7 +99,7 @@ class ServerProfile:
         that do arithmetic (mm, addmm, bmm) have formulas, those that call them (linear, matmul) count 0."""
         def flat(dims):   # a list of tensors (aten::cat's input) has no formula here: left out
             return [d if all(isinstance(n, int) for n in d) else [] for d in dims]
-        return sum(op_flops(s.name, flat(s.args.get("Input Dims", []))) for s in self._ops)
+        return sum(op_flops(s.name, flat(s.args.get("Input Dims", []))) for s in self._ops if flop_formula(s.name))
 
     def step_shapes(self) -> list[dict]:
         """Per forward: the tokens it carried (prompt chunks and decodes), the sequences it sampled for, and its

@@ -82,7 +82,7 @@ def _numel(shape) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _flop_formula(name: str):
+def flop_formula(name: str):
     """torch.utils.flop_counter's formula for an aten operator's name, or None (looked up once per name: a
     server's profile holds hundreds of thousands of operators and a few dozen names)."""
     if not name.startswith("aten::"):
@@ -96,7 +96,7 @@ def _flop_formula(name: str):
 
 def op_flops(name: str, shapes: list) -> float:
     """FLOPs of an aten operator from torch.utils.flop_counter's formulas (0 for ops it does not count)."""
-    formula = _flop_formula(name)
+    formula = flop_formula(name)
     if formula is None:
         return 0.0
     try:
@@ -110,8 +110,7 @@ def op_flops_and_bytes(name: str, shapes: list, dtypes: list) -> tuple[float, fl
     tensors = [(s, d) for s, d in zip(shapes, dtypes) if isinstance(s, (list, tuple)) and len(s) > 0]
     read = sum(_numel(s) * _dtype_bytes(d) for s, d in tensors)
     flops, out_numel = op_flops(name, shapes), max((_numel(s) for s, _ in tensors), default=0)
-    if _flop_formula(name) is not None and name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") \
-            and len(tensors) >= 2:
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and len(tensors) >= 2:
         a, b = tensors[-2][0], tensors[-1][0]   # output [.., M, N] from [.., M, K] @ [.., K, N]
         out_numel = _numel(a[:-1]) * int(b[-1])
     out_bytes = out_numel * (_dtype_bytes(tensors[0][1]) if tensors else 0)
