@@ -8,6 +8,7 @@ root so that `pytest chapters/X.ipynb` run alone gets it too.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
@@ -130,7 +131,9 @@ def pytest_report_header(config) -> str:
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
-    return f"cpu: {model}, {info.count('processor')} logical cores, {' '.join(units) or 'no AVX2'}"
+    held = os.environ.get("ATEN_CPU_CAPABILITY")   # `make test-avx2`: the instruction set emulated
+    return (f"cpu: {model}, {info.count('processor')} logical cores, {' '.join(units) or 'no AVX2'}"
+            + (f"; PyTorch's kernels held to {held} (ATEN_CPU_CAPABILITY)" if held else ""))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
