@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test test-avx2 unit notebooks labs student bench grade gpu-check clean
+.PHONY: setup lab test test-cpu unit notebooks labs student bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -29,16 +29,20 @@ test: setup
 	$(PY) $(UNIT)
 	$(PY) $(NOTEBOOKS)
 
-# The whole test command as an AVX2-only CPU (no AVX-512, no BF16 or VNNI units) runs it, on a machine that has
-# more: PyTorch's own kernels, oneDNN and MKL are held to AVX2, and inductor compiles into a cache of its own (its
-# cache does not tell the instruction sets apart: code compiled for one, loaded under the other, computes garbage).
-# It emulates the instruction set, not the other chip's caches, clocks or memory.
-AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-	TORCHINDUCTOR_CACHE_DIR="$(CURDIR)/.cache/inductor-avx2"
+# The whole test command as another x86 CPU runs it, on a machine that has more: `make test-cpu CPU=avx2` (an
+# AVX2-only CPU: no AVX-512, no BF16 or VNNI units, a Zen 2 EPYC's set) or `CPU=avx512-vnni` (AVX-512 and VNNI, no
+# BF16 units: a Cascade Lake or Ice Lake Xeon's). oneDNN and MKL are held to that set, and for avx2 PyTorch's own
+# kernels too; inductor compiles into a cache of its own (its cache does not tell instruction sets apart: code
+# compiled under one, loaded under the other, computes garbage). It emulates the instruction set, not the other
+# chip's caches, clocks or memory.
+CPU_avx2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+CPU_avx512-vnni := ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
+HELD = $(or $(CPU_$(CPU)),$(error CPU=$(CPU): expected avx2 or avx512-vnni)) \
+	TORCHINDUCTOR_CACHE_DIR="$(CURDIR)/.cache/inductor-$(CPU)"
 
-test-avx2: setup
-	$(AVX2_ONLY) $(PY) $(UNIT)
-	$(AVX2_ONLY) $(PY) $(NOTEBOOKS)
+test-cpu: setup
+	$(HELD) $(PY) $(UNIT)
+	$(HELD) $(PY) $(NOTEBOOKS)
 
 # The quick check while working: the unit tests alone (about four minutes); `make notebooks` runs the rest.
 unit: setup

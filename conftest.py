@@ -131,9 +131,10 @@ def pytest_report_header(config) -> str:
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
-    held = os.environ.get("ATEN_CPU_CAPABILITY")   # `make test-avx2`: the instruction set emulated
+    # `make test-cpu`: the instruction set emulated
+    held = [f"{var}={os.environ[var]}" for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(var)]
     return (f"cpu: {model}, {info.count('processor')} logical cores, {' '.join(units) or 'no AVX2'}"
-            + (f"; PyTorch's kernels held to {held} (ATEN_CPU_CAPABILITY)" if held else ""))
+            + (f"; kernels held to {', '.join(held)}" if held else ""))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
