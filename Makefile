@@ -17,11 +17,11 @@ lab: setup
 # processes and kernels, importing torch), so two pytest-xdist workers share the cores, each taking whole files
 # (a file's tests run in their order, as in one process), the heaviest first (conftest.py). Then what measures
 # this machine, one at a time with nothing beside it: the third-party load clients against our server (guidellm
-# and aiperf, four busy processes whose timings are compared with ours), the notebooks, and with them the labs'
-# tests that read nbval's run of each solution.
+# and aiperf, four busy processes whose timings are compared with ours), the busy fraction beside competing
+# processes, the notebooks, and with them the labs' tests that read nbval's run of each solution.
 LAB_TESTS := tests/course/test_lab[0-9]*.py
-TIMED := tests/serve/test_clients.py
-UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' --ignore=$(TIMED) -n 2 --dist loadfile --no-loadscope-reorder
+TIMED := tests/serve/test_clients.py tests/perf/test_busy_under_load.py
+UNIT := -m pytest tests --ignore=tests/fixtures --ignore-glob='$(LAB_TESTS)' $(addprefix --ignore=,$(TIMED)) -n 2 --dist loadfile --no-loadscope-reorder
 # (wildcard: the student bundle, `make student`, has no solutions/ and no lab tests; its `make test` runs the rest)
 NOTEBOOKS := -m pytest $(TIMED) $(wildcard $(LAB_TESTS) tests/fixtures) chapters $(wildcard solutions)
 
