@@ -1,7 +1,7 @@
 # The two commands of the README: `make lab` (open the course) and `make test` (run every test).
 PY := .venv/bin/python
 
-.PHONY: setup lab test test-cpu unit notebooks labs student bench grade gpu-check clean
+.PHONY: setup lab test test-cpu known-cpu unit notebooks labs student bench grade gpu-check clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -37,12 +37,14 @@ test: setup
 # chip's caches, clocks or memory.
 CPU_avx2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 CPU_avx512-vnni := ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
-HELD = $(or $(CPU_$(CPU)),$(error CPU=$(CPU): expected avx2 or avx512-vnni)) \
-	TORCHINDUCTOR_CACHE_DIR="$(CURDIR)/.cache/inductor-$(CPU)"
+HELD = $(CPU_$(CPU)) TORCHINDUCTOR_CACHE_DIR="$(CURDIR)/.cache/inductor-$(CPU)"
 
-test-cpu: setup
+test-cpu: known-cpu setup
 	$(HELD) $(PY) $(UNIT)
 	$(HELD) $(PY) $(NOTEBOOKS)
+
+known-cpu:   # before setup: a mistyped CPU= is told at once, not after the install
+	@$(if $(CPU_$(CPU)),true,$(error CPU=$(CPU): expected avx2 or avx512-vnni))
 
 # The quick check while working: the unit tests alone (about four minutes); `make notebooks` runs the rest.
 unit: setup
