@@ -19,9 +19,9 @@ PERCENTILE = 90
 RUN_SECONDS = 2.0     # a run offers about this many seconds of arrivals, so a high rate is a load, not a burst
 LEAST_REQUESTS = 20
 # How far apart two knees land with nothing between them: identical servers measured side by side (`measure_knees`,
-# runs of RUN_SECONDS, a 2-core CPU) landed within one rung of each other in 11 of 12 pairs (two rungs once). A lever
-# that moves a knee by no more than this is within the noise; measured one after the other, not side by side, the
-# same servers drifted by two rungs, so compare configurations side by side.
+# runs of RUN_SECONDS, a 2-core CPU) landed within one rung of each other in 15 of 18 pairs (two rungs apart in the
+# other 3, either way). A lever that moves a knee by no more than this is within the noise; measured one after the
+# other, not side by side, the same servers drifted by two rungs, so compare configurations side by side.
 NOISE_RUNGS = 1
 
 
@@ -97,3 +97,20 @@ async def measure_knees(urls: dict[str, str], trace, slo: dict, starts: dict[str
         knee = max(met) if met and max(met) + 1 in by_rung else None   # the highest met rung, the one above missed
         out[name] = {"knee": knee, "runs": by_rung}
     return out
+
+
+async def judge_lever(base_url: str, lever_url: str, trace, slo: dict, base_knee: int, lever_knee: int,
+                      model: str = "course") -> dict:
+    """Whether a lever pays: its knee's gain over its base's, in rungs, must reach the line, NOISE_RUNGS + 1.
+    A gain of exactly the line is one that noise also gives now and then (identical servers side by side land two
+    rungs apart in about one pair in six, either way), so such a lever is measured again, both servers side by
+    side from their knees, and kept only if the second gain reaches the line too. Other gains are decided at once.
+    Returns {"gains": [rungs, ...], "kept": bool, "again": the second measurement (`measure_knees`' answer) or None}."""
+    line = NOISE_RUNGS + 1
+    gains, again = [lever_knee - base_knee], None
+    if gains[0] == line:
+        again = await measure_knees({"base": base_url, "lever": lever_url}, trace, slo,
+                                    {"base": base_knee, "lever": lever_knee}, model=model)
+        bracketed = again["base"]["knee"] is not None and again["lever"]["knee"] is not None
+        gains.append(again["lever"]["knee"] - again["base"]["knee"] if bracketed else None)
+    return {"gains": gains, "kept": all(g is not None and g >= line for g in gains), "again": again}

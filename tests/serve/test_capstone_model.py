@@ -125,3 +125,35 @@ def test_the_models_view_of_a_servers_flags():
     from nanoserve.course import capstone
     assert capstone.config_of(capstone.DEPLOYED) == simulate.Config(max_num_seqs=4, enable_prefix_caching=False)
     assert capstone.config_of(["--max-num-batched-tokens", "512"]) == simulate.Config(max_num_batched_tokens=512)
+
+
+def _servers_with_knees(knees: dict, monkeypatch):
+    """A fake load client: the server at a URL meets the SLO up to the rate of knees[URL]; returns the URLs it ran."""
+    calls = []
+
+    async def fake_run_load(url, model, prompts, max_tokens, send_at, slo):
+        calls.append(url)
+        rate = (len(send_at) - 1) / send_at[-1]
+        good = rate <= globals()["slo"].rate(knees[url]) * 1.01
+        p = globals()["slo"].PERCENTILE
+        return {f"p{p}_ttft_ms": 1.0 if good else 1e6, f"p{p}_tpot_ms": 1.0, "failed": 0}
+
+    monkeypatch.setattr(slo, "run_load", fake_run_load)
+    return calls
+
+
+@pytest.mark.parametrize("first, again, kept, measured_again", [
+    (1, None, False, False),     # within the noise (NOISE_RUNGS): decided at once
+    (3, None, True, False),      # past the line (NOISE_RUNGS + 1): decided at once
+    (2, 2, True, True),          # on the line, where noise lands now and then: measured again, and it holds
+    (2, 1, False, True),         # the second look does not see it: noise
+])
+def test_a_lever_whose_gain_lands_on_the_noise_line_is_measured_again(monkeypatch, first, again, kept, measured_again):
+    base_knee = 5
+    calls = _servers_with_knees({"http://base": base_knee, "http://lever": base_knee + (again or 0)}, monkeypatch)
+    verdict = asyncio.run(slo.judge_lever("http://base", "http://lever", trace(), {"ttft": 10, "tpot": 10},
+                                          base_knee, base_knee + first))
+    assert verdict["kept"] is kept
+    assert (len(verdict["gains"]) == 2) is measured_again and (verdict["again"] is not None) is measured_again
+    assert verdict["gains"][0] == first and (not measured_again or verdict["gains"][1] == again)
+    assert (len(calls) > 0) is measured_again
