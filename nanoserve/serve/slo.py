@@ -19,9 +19,10 @@ PERCENTILE = 90
 RUN_SECONDS = 2.0     # a run offers about this many seconds of arrivals, so a high rate is a load, not a burst
 LEAST_REQUESTS = 20
 # How far apart two knees land with nothing between them: identical servers measured side by side (`measure_knees`,
-# runs of RUN_SECONDS, a 2-core CPU) landed within one rung of each other in 15 of 18 pairs (two rungs apart in the
-# other 3, either way). A lever that moves a knee by no more than this is within the noise; measured one after the
-# other, not side by side, the same servers drifted by two rungs, so compare configurations side by side.
+# runs of RUN_SECONDS, a 2-core CPU) landed within one rung of each other in 25 of 28 pairs, two rungs apart in the
+# other 3 (either way); a chapter 11 run on a slowed host once put a lever that changes nothing three rungs low.
+# A lever that moves a knee by no more than this is within the noise; measured one after the other, not side by
+# side, the same servers drifted by two rungs, so compare configurations side by side.
 NOISE_RUNGS = 1
 
 
@@ -103,7 +104,7 @@ async def judge_lever(base_url: str, lever_url: str, trace, slo: dict, base_knee
                       model: str = "course") -> dict:
     """Whether a lever pays: its knee's gain over its base's, in rungs, must reach the line, NOISE_RUNGS + 1.
     A gain of exactly the line is one that noise also gives now and then (identical servers side by side land two
-    rungs apart in about one pair in six, either way), so such a lever is measured again, both servers side by
+    rungs apart in about one pair in ten, either way), so such a lever is measured again, both servers side by
     side from their knees, and kept only if the second gain reaches the line too. Other gains are decided at once.
     Returns {"gains": [rungs, ...], "kept": bool, "again": the second measurement (`measure_knees`' answer) or None}."""
     line = NOISE_RUNGS + 1
