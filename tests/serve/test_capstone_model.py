@@ -103,30 +103,6 @@ def test_a_knee_not_bracketed_in_the_runs_allowed_is_none(monkeypatch):
     assert out["knee"] is None and sorted(out["runs"]) == [0, 1, 2]
 
 
-def test_several_servers_are_measured_in_turns(monkeypatch):
-    knees, order = {"http://a": 4, "http://b": 7}, []
-
-    async def fake_run_load(url, model, prompts, max_tokens, send_at, slo):
-        order.append(url)
-        rate = (len(send_at) - 1) / send_at[-1]
-        good = rate <= globals()["slo"].rate(knees[url]) * 1.01
-        p = globals()["slo"].PERCENTILE
-        return {f"p{p}_ttft_ms": 1.0 if good else 1e6, f"p{p}_tpot_ms": 1.0, "failed": 0}
-
-    monkeypatch.setattr(slo, "run_load", fake_run_load)
-    out = asyncio.run(slo.measure_knees({"a": "http://a", "b": "http://b"}, trace(), {"ttft": 10, "tpot": 10},
-                                        {"a": 5, "b": 6}))
-    assert {name: r["knee"] for name, r in out.items()} == {"a": 4, "b": 7}
-    assert order[:4] == ["http://a", "http://b", "http://a", "http://b"]   # one run of each, then the next
-    assert order.count("http://a") == 2 and order.count("http://b") == 3
-
-
-def test_the_models_view_of_a_servers_flags():
-    from nanoserve.course import capstone
-    assert capstone.config_of(capstone.DEPLOYED) == simulate.Config(max_num_seqs=4, enable_prefix_caching=False)
-    assert capstone.config_of(["--max-num-batched-tokens", "512"]) == simulate.Config(max_num_batched_tokens=512)
-
-
 def _servers_with_knees(knees: dict, monkeypatch):
     """A fake load client: the server at a URL meets the SLO up to the rate of knees[URL]; returns the URLs it ran."""
     calls = []
@@ -140,6 +116,21 @@ def _servers_with_knees(knees: dict, monkeypatch):
 
     monkeypatch.setattr(slo, "run_load", fake_run_load)
     return calls
+
+
+def test_several_servers_are_measured_in_turns(monkeypatch):
+    order = _servers_with_knees({"http://a": 4, "http://b": 7}, monkeypatch)
+    out = asyncio.run(slo.measure_knees({"a": "http://a", "b": "http://b"}, trace(), {"ttft": 10, "tpot": 10},
+                                        {"a": 5, "b": 6}))
+    assert {name: r["knee"] for name, r in out.items()} == {"a": 4, "b": 7}
+    assert order[:4] == ["http://a", "http://b", "http://a", "http://b"]   # one run of each, then the next
+    assert order.count("http://a") == 2 and order.count("http://b") == 3
+
+
+def test_the_models_view_of_a_servers_flags():
+    from nanoserve.course import capstone
+    assert capstone.config_of(capstone.DEPLOYED) == simulate.Config(max_num_seqs=4, enable_prefix_caching=False)
+    assert capstone.config_of(["--max-num-batched-tokens", "512"]) == simulate.Config(max_num_batched_tokens=512)
 
 
 @pytest.mark.parametrize("first, again, kept, measured_again", [
