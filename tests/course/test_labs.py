@@ -300,6 +300,17 @@ def test_amdahl_bounds_a_lever_by_the_share_it_touches():
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.30, 1.34), True, "against a bound of 1.34×"),
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.50, 1.34), False, "measured 1.50×"),
     (lambda: grading.check_under_bound("wrong-lever-bound", 1.10, None), False, "the bound must be"),
+    # with the rounds' gains, the allowance is their noise when it is above the slack: three standard errors
+    # of the median, 3 * 1.25 * stdev / sqrt(n); stdev of (1.0, 1.2, 1.4) is 0.2, so 0.433
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.40, 1.0, round_gains=[1.0, 1.2, 1.4]), True,
+     "plus 0.433×"),
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.45, 1.0, round_gains=[1.0, 1.2, 1.4]), False,
+     "3 standard errors of the median of 3 rounds"),
+    # quiet rounds: the slack (5% of the bound) is the larger
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.04, 1.0, round_gains=[1.0, 1.0, 1.01]), True,
+     "plus 0.050×"),
+    (lambda: grading.check_under_bound("wrong-lever-bound", 1.06, 1.0, round_gains=[1.0, 1.0, 1.01]), False,
+     "plus 0.050×"),
     (lambda: grading.check_beats("right-beats-wrong", 1.60, 1.05, margin=1.2), True, "right lever 1.60×"),
     (lambda: grading.check_beats("right-beats-wrong", 1.10, 1.05, margin=1.2), False, "needs 1.20×"),
 ])
