@@ -201,8 +201,8 @@ def check_under_bound(name: str, gain: float, bound: object, *, slack: float = 0
     `slack` for noise. A gain above its bound means the profile mis-attributed the time.
 
     A lever whose bound is near 1 is measured near its bound, where the noise of a shared machine decides as often
-    as the lever does. Given `round_gains` (one gain per interleaved round, at least three, whose median is `gain`),
-    the check allows the larger of `slack` and that noise: the median of n rounds scatters by about 1.25 standard
+    as the lever does. Given `round_gains` (one gain per interleaved round, at least three, from the rounds `gain` was measured over),
+    the check allows the larger of `slack` and their noise: a median of n rounds scatters by about 1.25 standard
     deviations over sqrt(n), and it allows three of those."""
     if not _number(bound) or bound < 1.0:
         check(name, False, f"the bound must be a speed-up of at least 1 (old time / new time), got {bound!r}")
