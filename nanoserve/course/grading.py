@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from typing import Mapping
@@ -212,9 +213,7 @@ def check_under_bound(name: str, gain: float, bound: object, *, slack: float = 0
               f"measured {gain:.2f}× against a bound of {bound:.2f}× (slack {slack:.0%})")
         return
     n = len(round_gains)
-    mean = sum(round_gains) / n
-    stdev = math.sqrt(sum((g - mean) ** 2 for g in round_gains) / (n - 1))
-    allowed = max(slack * bound, 3 * 1.25 * stdev / math.sqrt(n))
+    allowed = max(slack * bound, 3 * 1.25 * statistics.stdev(round_gains) / math.sqrt(n))
     check(name, gain <= bound + allowed,
           f"measured {gain:.2f}× against a bound of {bound:.2f}× plus {allowed:.3f}× (the larger of {slack:.0%} and "
           f"the run-to-run noise of the gain, 3 standard errors of the median of {n} rounds)")

@@ -60,9 +60,8 @@ def _median_busy(job, runs: int = 3) -> float:
 
 @pytest.mark.slow
 def test_the_busy_fraction_holds_while_another_process_competes_for_the_cores():
-    """The diagnosis of every lab rests on the busy fraction: a second process using every core must not turn a
-    starved job into a busy one. With the compute thread as the only intra-op thread (perf.profile's default on
-    a CPU), the ops and the labelled host work slow down alike."""
+    """With the compute thread as the only intra-op thread (perf.profile's default on a CPU), the ops and the
+    labelled host work slow down alike, so the starved job reads starved beside spinning processes too."""
     import subprocess
     import sys
 
